@@ -1,0 +1,1 @@
+"""The GPU worker: models, paged two-tier KV cache, engine loop and DuplexKV transfers."""

@@ -1,0 +1,1 @@
+"""The engine loop: requests, scheduling (policy plans), model execution, sampling."""

@@ -1,0 +1,29 @@
+"""Engine settings (mechanism sizes; the policy and its knobs come separately)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    block_size: int = 16
+    num_hbm_blocks: int | None = None  # wins over hbm_kv_gib when set
+    hbm_kv_gib: float = 0.25
+    num_dram_blocks: int | None = None  # wins over dram_kv_gib when set
+    dram_kv_gib: float = 0.0
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    transfer_backend: str = "cpu"  # cpu | cuda | naive
+    eager_sync: bool = True
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        if self.transfer_backend not in ("cpu", "cuda", "naive"):
+            raise ValueError(f"transfer_backend must be cpu, cuda or naive, "
+                             f"got {self.transfer_backend!r}")

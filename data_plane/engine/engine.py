@@ -1,0 +1,274 @@
+"""The engine loop: ask the policy for a plan, execute it, sample, stream outputs.
+
+The engine is mechanism only. Every iteration it builds a :class:`Snapshot`, asks its planner
+(a pure function from ``shared.policy``, or a plan received from the control plane) what to do,
+applies the plan's state changes, allocates blocks, runs the executor and processes tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from data_plane.engine.model_runner import BatchItem
+from data_plane.engine.output import check_stop
+from data_plane.engine.request import FinishReason, Request, RequestError, RequestOutput
+from data_plane.engine.sampling import SamplingParams
+from data_plane.kv.manager import KVCacheManager
+from data_plane.models.tokenizer import Tokenizer
+from shared.policy import Plan, RequestState, RequestView, Snapshot
+
+Planner = Callable[[Snapshot], Plan]
+
+
+class Executor:
+    """Runs one batch and returns the sampled token per request that samples."""
+
+    def execute(self, items: list[BatchItem]) -> dict[str, int]:  # pragma: no cover
+        raise NotImplementedError
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_iterations: int = 0
+    num_preemptions: int = 0
+    num_rotations_out: int = 0
+    num_rotations_in: int = 0
+    num_skipped_chunks: int = 0  # plan chunks that could not get blocks (should stay 0)
+    num_generated_tokens: int = 0
+    model_time_s: float = 0.0
+    step_time_s: float = 0.0
+    last_plan: Plan = field(default_factory=Plan)
+
+
+class Engine:
+    def __init__(
+        self,
+        executor: Executor,
+        kv: KVCacheManager,
+        planner: Planner,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        eos_token_ids: tuple[int, ...] = (),
+        tokenizer: Tokenizer | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.executor = executor
+        self.kv = kv
+        self.planner = planner
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.tokenizer = tokenizer
+        self.clock = clock
+        self.requests: dict[str, Request] = {}
+        self.running: list[Request] = []
+        self.waiting: deque[Request] = deque()
+        self.rotary: list[Request] = []
+        self.stats = EngineStats()
+        self._arrival_seq = 0
+        self._pending_outputs: list[RequestOutput] = []
+
+    # ---- requests in and out -------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        slo_ttft_s: float | None = None,
+        slo_tbt_s: float | None = None,
+        t_arr_s: float | None = None,
+    ) -> Request:
+        """Queue a request; raises :class:`RequestError` if it can never be served."""
+        if request_id in self.requests:
+            raise RequestError(f"request id {request_id!r} is already in the engine")
+        if not prompt_token_ids:
+            raise RequestError("prompt is empty (it needs at least one token, e.g. BOS)")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise RequestError(
+                f"prompt has {len(prompt_token_ids)} tokens; the context holds "
+                f"{self.max_model_len} (prompt + at least one generated token)"
+            )
+        needed = self.kv.blocks_for(len(prompt_token_ids) + 1)
+        if needed > self.kv.hbm.num_blocks:
+            raise RequestError(
+                f"prompt needs {needed} KV blocks; the HBM pool has {self.kv.hbm.num_blocks}"
+            )
+        self._arrival_seq += 1
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            params=params,
+            t_arr_s=self.clock() if t_arr_s is None else t_arr_s,
+            arrival_seq=self._arrival_seq,
+            priority=priority,
+            slo_ttft_s=slo_ttft_s,
+            slo_tbt_s=slo_tbt_s,
+        )
+        self.requests[request_id] = request
+        self.waiting.append(request)
+        return request
+
+    def abort(self, request_id: str) -> bool:
+        """Abort at any time; frees the request's blocks in every tier."""
+        request = self.requests.get(request_id)
+        if request is None or request.finished:
+            return False
+        self._finish(request, FinishReason.ABORT)
+        self._pending_outputs.append(
+            RequestOutput(request_id, [], len(request.output_token_ids), FinishReason.ABORT)
+        )
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running or self.waiting or self.rotary or self._pending_outputs)
+
+    # ---- one iteration -------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        t_start = time.perf_counter()
+        self.stats.num_iterations += 1
+        self.kv.poll()
+        now = self.clock()
+        plan = self.planner(self.snapshot(now))
+        self.stats.last_plan = plan
+        self._apply_transitions(plan, now)
+        items = self._allocate(plan)
+        self.kv.issue_transfers()
+        outputs, self._pending_outputs = self._pending_outputs, []
+        if items:
+            t_model = time.perf_counter()
+            sampled = self.executor.execute(items)
+            self.stats.model_time_s += time.perf_counter() - t_model
+            outputs.extend(self._process(items, sampled, self.clock()))
+        self.stats.step_time_s += time.perf_counter() - t_start
+        return outputs
+
+    def snapshot(self, now: float) -> Snapshot:
+        views = [self._view(r) for r in self.running]
+        views += [self._view(r) for r in self.waiting]
+        views += [self._view(r) for r in self.rotary]
+        return Snapshot(
+            t_now_s=now,
+            requests=tuple(views),
+            num_free_hbm_blocks=self.kv.hbm.num_free,
+            num_free_dram_blocks=self.kv.num_free_dram_blocks,
+            block_size=self.kv.block_size,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+            b_xfer_blocks=self.kv.b_xfer_blocks,
+            iteration=self.stats.num_iterations,
+        )
+
+    def _view(self, r: Request) -> RequestView:
+        table = self.kv.table(r.request_id)
+        return RequestView(
+            request_id=r.request_id,
+            state=r.state,
+            t_arr_s=r.t_arr_s,
+            num_tokens=r.num_tokens,
+            num_computed_tokens=r.num_computed_tokens,
+            num_blocks_hbm=table.num_hbm if table else 0,
+            num_blocks_dram=table.num_dram if table else 0,
+            t_run_s=r.t_run_s,
+            t_last_s=r.t_last_s,
+            priority=r.priority,
+            arrival_seq=r.arrival_seq,
+            slo_ttft_s=r.slo_ttft_s,
+            slo_tbt_s=r.slo_tbt_s,
+            resident=self.kv.is_resident(r.request_id),
+        )
+
+    def _apply_transitions(self, plan: Plan, now: float) -> None:
+        for request_id in reversed(plan.preempt_ids):
+            request = self._expect(request_id, RequestState.RUNNING)
+            self.running.remove(request)
+            self.kv.free(request_id)
+            request.num_computed_tokens = 0
+            request.state = RequestState.WAITING
+            request.num_preemptions += 1
+            self.stats.num_preemptions += 1
+            self.waiting.appendleft(request)
+        for request_id in plan.rotate_out_ids:
+            request = self._expect(request_id, RequestState.RUNNING)
+            self.running.remove(request)
+            self.kv.rotate_out(request_id)
+            request.state = RequestState.ROTARY
+            request.num_rotations += 1
+            self.stats.num_rotations_out += 1
+            self.rotary.append(request)
+        for request_id in plan.resume_ids:
+            request = self._expect(request_id, RequestState.ROTARY)
+            if not self.kv.rotate_in(request_id):
+                continue  # not enough free HBM yet; the policy will ask again
+            self.rotary.remove(request)
+            request.state = RequestState.RUNNING
+            request.t_run_s = now
+            self.stats.num_rotations_in += 1
+            self.running.append(request)
+        for request_id in plan.admit_ids:
+            request = self._expect(request_id, RequestState.WAITING)
+            self.waiting.remove(request)
+            request.state = RequestState.RUNNING
+            request.t_run_s = now
+            self.running.append(request)
+
+    def _expect(self, request_id: str, state: RequestState) -> Request:
+        request = self.requests.get(request_id)
+        if request is None or request.state is not state or request.finished:
+            raise RuntimeError(f"plan names {request_id!r}, which is not {state.value}")
+        return request
+
+    def _allocate(self, plan: Plan) -> list[BatchItem]:
+        items: list[BatchItem] = []
+        for chunk in plan.schedule:
+            request = self._expect(chunk.request_id, RequestState.RUNNING)
+            end = request.num_computed_tokens + chunk.num_tokens
+            if end > request.num_tokens or not self.kv.is_resident(chunk.request_id):
+                raise RuntimeError(f"plan schedules {chunk} beyond {request.request_id}'s state")
+            block_ids = self.kv.ensure_hbm(chunk.request_id, end)
+            if block_ids is None:
+                self.stats.num_skipped_chunks += 1
+                continue
+            items.append(BatchItem(request, chunk.num_tokens, block_ids))
+        return items
+
+    def _process(
+        self, items: list[BatchItem], sampled: dict[str, int], now: float
+    ) -> list[RequestOutput]:
+        outputs: list[RequestOutput] = []
+        for item in items:
+            request = item.request
+            request.num_computed_tokens += item.num_tokens
+            self.kv.on_computed(request.request_id, request.num_computed_tokens)
+            token = sampled.get(request.request_id)
+            if token is None or request.finished:
+                continue
+            request.output_token_ids.append(token)
+            request.t_first_token_s = request.t_first_token_s or now
+            request.t_last_s = now
+            self.stats.num_generated_tokens += 1
+            reason, delta = check_stop(request, token, self.eos_token_ids, self.max_model_len,
+                                       self.tokenizer)
+            if reason is not None:
+                self._finish(request, reason)
+            outputs.append(
+                RequestOutput(request.request_id, [token], len(request.output_token_ids),
+                              reason, delta)
+            )
+        return outputs
+
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        request.finish_reason = reason
+        for queue in (self.running, self.rotary):
+            if request in queue:
+                queue.remove(request)
+        if request in self.waiting:
+            self.waiting.remove(request)
+        self.kv.free(request.request_id)
+        del self.requests[request.request_id]

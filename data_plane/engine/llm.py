@@ -1,0 +1,81 @@
+"""Offline generation: build an engine for a model and run prompts to completion."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from data_plane.engine.config import EngineConfig
+from data_plane.engine.engine import Engine, Executor
+from data_plane.engine.model_runner import BatchItem, ModelRunner
+from data_plane.engine.request import FinishReason, RequestError
+from data_plane.engine.sampling import SamplingParams
+from data_plane.kv.geometry import KVGeometry
+from data_plane.kv.manager import KVCacheManager
+from data_plane.models.loader import LoadedModel
+from shared.policy import Knobs, make_plan
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    error: str | None = None
+
+
+class _LocalExecutor(Executor):
+    def __init__(self, runner: ModelRunner, kv_cache_tensor: object) -> None:
+        self.runner = runner
+        self.kv_cache = kv_cache_tensor
+
+    def execute(self, items: list[BatchItem]) -> dict[str, int]:
+        return self.runner.execute(items, self.kv_cache)  # type: ignore[arg-type]
+
+
+def build_engine(loaded: LoadedModel, config: EngineConfig, knobs: Knobs | None = None) -> Engine:
+    """An engine over ``loaded`` with a single HBM tier sized by ``config``."""
+    knobs = knobs or Knobs()
+    model_cfg = loaded.config
+    geometry = KVGeometry(
+        model_cfg.num_layers, config.block_size, model_cfg.num_kv_heads, model_cfg.head_dim,
+        model_cfg.dtype,
+    )
+    num_blocks = config.num_hbm_blocks or geometry.blocks_in(config.hbm_kv_gib)
+    kv_tensor = geometry.allocate(num_blocks, config.device)
+    runner = ModelRunner(loaded.model, config.block_size, config.device)
+    max_model_len = min(config.max_model_len or model_cfg.max_position_embeddings,
+                        model_cfg.max_position_embeddings)
+    return Engine(
+        executor=_LocalExecutor(runner, kv_tensor),
+        kv=KVCacheManager(num_blocks, config.block_size),
+        planner=lambda snapshot: make_plan(snapshot, knobs),
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        max_model_len=max_model_len,
+        eos_token_ids=model_cfg.eos_token_ids,
+        tokenizer=loaded.tokenizer,
+    )
+
+
+def generate(
+    engine: Engine, prompts: list[list[int]], params: list[SamplingParams]
+) -> list[GenerationResult]:
+    """Serve every prompt together; a prompt the engine refuses fails alone."""
+    results: dict[str, GenerationResult] = {}
+    for index, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        request_id = f"gen-{index}"
+        results[request_id] = GenerationResult(prompt, [], "", "")
+        try:
+            engine.add_request(request_id, prompt, p)
+        except RequestError as exc:
+            results[request_id].finish_reason = FinishReason.ERROR.value
+            results[request_id].error = str(exc)
+    while engine.has_unfinished():
+        for output in engine.step():
+            result = results[output.request_id]
+            result.token_ids.extend(output.new_token_ids)
+            result.text += output.text_delta
+            if output.finish_reason is not None:
+                result.finish_reason = output.finish_reason.value
+    return list(results.values())

@@ -1,0 +1,113 @@
+"""Tokenizers: Hugging Face ``tokenizer.json``, llama2.c ``tok*.bin``, and a byte tokenizer."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Protocol
+
+
+class Tokenizer(Protocol):
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+
+class HFTokenizer:
+    """A ``tokenizers`` fast tokenizer loaded from a local ``tokenizer.json``."""
+
+    def __init__(self, path: Path, bos_token_id: int | None, eos_token_ids: tuple[int, ...]):
+        from tokenizers import Tokenizer as FastTokenizer
+
+        self._tok = FastTokenizer.from_file(str(path))
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = eos_token_ids
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if add_bos and self.bos_token_id is not None:
+            return [self.bos_token_id, *ids]
+        return list(ids)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return str(self._tok.decode(token_ids, skip_special_tokens=True))
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens 3..258 (llama2.c's byte-fallback ids); BOS 1, EOS 2."""
+
+    bos_token_id: int | None = 1
+    eos_token_ids: tuple[int, ...] = (2,)
+    offset = 3
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        ids = [b + self.offset for b in text.encode("utf-8")]
+        return [1, *ids] if add_bos else ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        raw = bytes(t - self.offset for t in token_ids if self.offset <= t < self.offset + 256)
+        return raw.decode("utf-8", errors="replace")
+
+
+class Llama2cTokenizer:
+    """llama2.c's BPE (format in stories260K/README.md): score-ordered pair merges over the
+    UTF-8 characters of the text with a dummy-prefix space, byte fallback at ids 3..258."""
+
+    bos_token_id: int | None = 1
+    eos_token_ids: tuple[int, ...] = (2,)
+
+    def __init__(self, path: Path) -> None:
+        data = path.read_bytes()
+        (self.max_token_length,) = struct.unpack_from("<i", data, 0)
+        offset = 4
+        self.vocab: list[bytes] = []
+        self.scores: list[float] = []
+        while offset < len(data):
+            score, length = struct.unpack_from("<fi", data, offset)
+            offset += 8
+            self.vocab.append(data[offset : offset + length])
+            self.scores.append(score)
+            offset += length
+        self._ids = {piece: index for index, piece in enumerate(self.vocab)}
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        ids: list[int] = [1] if add_bos else []
+        if not text:
+            return ids
+        tokens: list[int] = []
+        for char in " " + text:
+            piece = char.encode("utf-8")
+            if piece in self._ids:
+                tokens.append(self._ids[piece])
+            else:
+                tokens.extend(b + 3 for b in piece)
+        while True:
+            best_score, best_index, best_id = float("-inf"), -1, -1
+            for index in range(len(tokens) - 1):
+                merged = self.vocab[tokens[index]] + self.vocab[tokens[index + 1]]
+                merged_id = self._ids.get(merged)
+                if merged_id is not None and self.scores[merged_id] > best_score:
+                    best_score, best_index, best_id = self.scores[merged_id], index, merged_id
+            if best_index < 0:
+                break
+            tokens[best_index : best_index + 2] = [best_id]
+        return ids + tokens
+
+    def decode(self, token_ids: list[int]) -> str:
+        out = bytearray()
+        previous = 0
+        for token in token_ids:
+            if token in (1, 2):
+                previous = token
+                continue
+            piece = self.vocab[token]
+            if previous == 1 and piece.startswith(b" "):
+                piece = piece[1:]
+            if piece.startswith(b"<0x") and piece.endswith(b">") and len(piece) == 6:
+                piece = bytes([int(piece[3:5], 16)])
+            out += piece
+            previous = token
+        return out.decode("utf-8", errors="replace")

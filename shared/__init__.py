@@ -1,0 +1,1 @@
+"""Shared code of every SuperInfer service: wire schemas, stream names, settings, pure policy."""

@@ -1,0 +1,26 @@
+"""Scheduling policies: pure functions from (snapshot, knobs) to a plan. No I/O."""
+
+from __future__ import annotations
+
+from shared.policy.registry import POLICY_NAMES, make_plan
+from shared.policy.types import (
+    Knobs,
+    Plan,
+    RequestState,
+    RequestView,
+    ScheduledChunk,
+    Snapshot,
+)
+from shared.policy.vlt import vlt
+
+__all__ = [
+    "POLICY_NAMES",
+    "Knobs",
+    "Plan",
+    "RequestState",
+    "RequestView",
+    "ScheduledChunk",
+    "Snapshot",
+    "make_plan",
+    "vlt",
+]

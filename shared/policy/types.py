@@ -1,0 +1,107 @@
+"""Typed inputs and outputs of every scheduling policy (pure data, no I/O).
+
+A policy looks at a :class:`Snapshot` of the engine (who is waiting, running or rotary, how
+many KV blocks each holds or needs, how many are free) plus the :class:`Knobs`, and returns a
+:class:`Plan`: which requests change state this iteration and which run, with how many tokens.
+The engine executes the plan; it never decides by itself.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class RequestState(enum.StrEnum):
+    WAITING = "waiting"  # arrived, no KV in HBM (new, or preempted by recompute)
+    RUNNING = "running"  # KV in HBM, scheduled every iteration
+    ROTARY = "rotary"  # paused; KV parked in host DRAM, resumes without recompute
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """One request as a policy sees it.
+
+    ``num_tokens`` counts every token whose KV the request will need next (prompt plus generated
+    tokens); ``num_computed_tokens`` those whose KV already exists (in HBM for running requests,
+    in DRAM for rotary ones, zero for waiting ones).
+    """
+
+    request_id: str
+    state: RequestState
+    t_arr_s: float
+    num_tokens: int
+    num_computed_tokens: int = 0
+    num_blocks_hbm: int = 0
+    num_blocks_dram: int = 0
+    t_run_s: float | None = None
+    t_last_s: float | None = None
+    priority: int = 0
+    arrival_seq: int = 0
+    slo_ttft_s: float | None = None
+    slo_tbt_s: float | None = None
+    resident: bool = True  # False while its HBM blocks still wait for an H2D copy
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The engine at the start of one iteration. ``requests`` keep running-list order."""
+
+    t_now_s: float
+    requests: tuple[RequestView, ...]
+    num_free_hbm_blocks: int
+    num_free_dram_blocks: int
+    block_size: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    b_xfer_blocks: int = 0  # blocks the transfer engine may move this iteration
+    iteration: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """SLO knobs (SUPERINFER.md §3, §4). Times in seconds."""
+
+    policy: str = "vllm"
+    alpha: float = 3.0
+    beta_b: float = 0.0
+    beta_f: float = 0.5
+    slo_ttft_s: float = 5.0
+    slo_tbt_s: float = 0.1
+    b_xfer: int | None = 2400  # None means "auto": link bandwidth x predicted iteration time
+
+    def __post_init__(self) -> None:
+        if self.alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {self.alpha}")
+        if self.slo_ttft_s <= 0 or self.slo_tbt_s <= 0:
+            raise ValueError("slo_ttft_s and slo_tbt_s must be > 0")
+        if self.b_xfer is not None and self.b_xfer < 0:
+            raise ValueError(f"b_xfer must be >= 0 or auto, got {self.b_xfer}")
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledChunk:
+    request_id: str
+    num_tokens: int
+
+
+@dataclass(slots=True)
+class Plan:
+    """What the engine does this iteration.
+
+    State changes are applied in this order: ``preempt_ids`` (running -> waiting, KV dropped,
+    recomputed later), ``rotate_out_ids`` (running -> rotary, KV parked in DRAM),
+    ``resume_ids`` (rotary -> running, KV copied back), ``admit_ids`` (waiting -> running).
+    ``schedule`` lists who computes how many tokens, in batch order (decodes first).
+    """
+
+    schedule: list[ScheduledChunk] = field(default_factory=list)
+    admit_ids: list[str] = field(default_factory=list)
+    resume_ids: list[str] = field(default_factory=list)
+    rotate_out_ids: list[str] = field(default_factory=list)
+    preempt_ids: list[str] = field(default_factory=list)
+    fcfs_fallback: bool = False
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.schedule)

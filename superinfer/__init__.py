@@ -1,0 +1,1 @@
+"""The thin launcher: the only package that imports all three services."""

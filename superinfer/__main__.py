@@ -1,0 +1,3 @@
+from superinfer.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""`superinfer` command line: one subcommand per job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny-random",
+                        help="HF checkpoint dir, llama2.c .bin, or tiny-random")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer.json or llama2.c tok*.bin")
+    parser.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: "
+                        "the checkpoint's)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--hbm-kv-gib", type=float, default=0.25)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--policy", default="vllm")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from data_plane.engine.config import EngineConfig
+    from data_plane.engine.llm import build_engine, generate
+    from data_plane.engine.sampling import SamplingParams
+    from data_plane.models import ModelConfigError, load_model
+    from shared.policy import Knobs
+
+    try:
+        loaded = load_model(args.model, args.tokenizer, args.dtype, args.device, args.seed or 0)
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    except (ModelConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if loaded.tokenizer is None:
+        print("error: the model has no tokenizer; pass --tokenizer PATH", file=sys.stderr)
+        return 2
+    config = EngineConfig(block_size=args.block_size, hbm_kv_gib=args.hbm_kv_gib,
+                          max_num_batched_tokens=args.max_num_batched_tokens,
+                          max_num_seqs=args.max_num_seqs, device=args.device)
+    engine = build_engine(loaded, config, Knobs(policy=args.policy))
+    prompts = [loaded.tokenizer.encode(p) for p in args.prompt]
+    results = generate(engine, prompts, [params] * len(prompts))
+    for text, result in zip(args.prompt, results, strict=True):
+        if args.json:
+            print(json.dumps({"prompt": text, "text": result.text, "token_ids": result.token_ids,
+                              "finish_reason": result.finish_reason, "error": result.error}))
+        elif result.error:
+            print(f"--- {text!r}: error: {result.error}")
+        else:
+            print(f"--- {text!r} ({result.finish_reason})\n{text}{result.text}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="superinfer", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="offline generation through the engine")
+    _add_model_args(gen)
+    gen.add_argument("--prompt", action="append", required=True)
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=None)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--json", action="store_true", help="one JSON line per prompt")
+    gen.set_defaults(func=_generate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))

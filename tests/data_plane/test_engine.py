@@ -1,0 +1,174 @@
+"""Engine behaviour on real models: stories260K reference, preemption, sampling, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from data_plane.engine.config import EngineConfig
+from data_plane.engine.llm import build_engine, generate
+from data_plane.engine.sampling import SamplingParams
+from data_plane.models import ModelConfigError, load_model
+from tests.conftest import STORIES_REFERENCE_TEXT, STORIES_REFERENCE_TOKENS
+
+GREEDY = SamplingParams(max_tokens=40, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def stories(stories_path: Path):
+    return load_model(str(stories_path))
+
+
+def test_stories260k_reproduces_reference_in_a_batch(stories) -> None:
+    tok = stories.tokenizer
+    prompts = [tok.encode("Tim had a dog"), [1], tok.encode("The sun was hot and"),
+               tok.encode("One day")]
+    engine = build_engine(stories, EngineConfig(max_num_batched_tokens=8, block_size=4))
+    params = [SamplingParams(max_tokens=60, temperature=0)] * len(prompts)
+    results = generate(engine, prompts, params)
+    from_bos = results[1]
+    assert from_bos.token_ids[: len(STORIES_REFERENCE_TOKENS)] == STORIES_REFERENCE_TOKENS
+    assert from_bos.text.startswith(STORIES_REFERENCE_TEXT)
+    assert all(r.finish_reason == "length" for r in results)
+
+
+def test_llama2c_tokenizer_round_trip(stories) -> None:
+    tok = stories.tokenizer
+    assert tok.decode([1, *STORIES_REFERENCE_TOKENS]).startswith("Once upon a time, there was")
+    text = "Lily saw a big, red ball. Ünïcode ✓"
+    assert tok.decode(tok.encode(text)) == text
+
+
+def _run(loaded, config: EngineConfig, prompts, params):
+    engine = build_engine(loaded, config)
+    return engine, generate(engine, prompts, params)
+
+
+def test_preemption_by_recompute_gives_identical_outputs(stories) -> None:
+    tok = stories.tokenizer
+    texts = ["Tim had a dog", "The cat sat", "Once", "A big red", "Mom said", "Ben and Sue"]
+    prompts = [tok.encode(t) for t in texts]
+    params = [SamplingParams(max_tokens=48, temperature=0),
+              SamplingParams(max_tokens=48, temperature=0.9, seed=7)] * 3
+    _, free_run = _run(stories, EngineConfig(block_size=4, num_hbm_blocks=1024), prompts, params)
+    engine, tight = _run(stories, EngineConfig(block_size=4, num_hbm_blocks=30), prompts, params)
+    assert engine.stats.num_preemptions > 0
+    assert [r.token_ids for r in tight] == [r.token_ids for r in free_run]
+    assert engine.kv.hbm.num_free == 30
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(stories) -> None:
+    tok = stories.tokenizer
+    prompt = tok.encode("Lily went to the")
+    seeded = SamplingParams(max_tokens=30, temperature=1.0, top_p=0.9, top_k=40, seed=1234)
+    _, alone = _run(stories, EngineConfig(), [prompt], [seeded])
+    others = [tok.encode("The dog"), tok.encode("Once upon a time there")]
+    _, batched = _run(stories, EngineConfig(max_num_batched_tokens=5),
+                      [*others, prompt], [GREEDY, SamplingParams(temperature=1.0), seeded])
+    _, other_seed = _run(stories, EngineConfig(), [prompt],
+                         [SamplingParams(max_tokens=30, temperature=1.0, seed=99)])
+    assert alone[0].token_ids == batched[2].token_ids
+    assert alone[0].token_ids != other_seed[0].token_ids
+
+
+def test_stop_strings_and_stop_token_ids(stories) -> None:
+    tok = stories.tokenizer
+    prompt = [1]
+    params = [SamplingParams(max_tokens=60, temperature=0, stop=("little girl",)),
+              SamplingParams(max_tokens=60, temperature=0, stop_token_ids=(261,))]
+    _, results = _run(stories, EngineConfig(), [prompt, prompt], params)
+    assert results[0].text == "Once upon a time, there was a "
+    assert results[0].finish_reason == "stop"
+    assert results[1].token_ids == STORIES_REFERENCE_TOKENS[:3]
+    assert results[1].finish_reason == "stop"
+    del tok
+
+
+def test_prompt_longer_than_context_fails_alone(stories) -> None:
+    too_long = [1] + [300] * 600  # the model's context is 512
+    results = generate(build_engine(stories, EngineConfig()), [[1], too_long, [1]], [GREEDY] * 3)
+    assert results[1].finish_reason == "error"
+    assert "context" in (results[1].error or "")
+    assert results[0].token_ids[:16] == STORIES_REFERENCE_TOKENS
+    assert results[2].token_ids == results[0].token_ids
+
+
+def test_generation_stops_at_the_context_limit(stories) -> None:
+    engine = build_engine(stories, EngineConfig(max_model_len=40))
+    results = generate(engine, [[1] * 30], [SamplingParams(max_tokens=100, temperature=0)])
+    assert results[0].finish_reason == "length"
+    assert len(results[0].token_ids) == 10
+
+
+@pytest.mark.parametrize("bad", [dict(max_tokens=0), dict(max_tokens=-3), dict(top_p=0.0),
+                                 dict(temperature=-1.0), dict(top_k=0)])
+def test_bad_sampling_params_raise(bad) -> None:
+    with pytest.raises(ValueError):
+        SamplingParams(**bad)
+
+
+def test_abort_frees_blocks(stories) -> None:
+    engine = build_engine(stories, EngineConfig(num_hbm_blocks=64, block_size=4))
+    for i in range(3):
+        engine.add_request(f"r{i}", [1, 400, 401], SamplingParams(max_tokens=50, temperature=0))
+    engine.step()
+    engine.step()
+    assert engine.kv.hbm.num_free < 64
+    assert engine.abort("r1") and not engine.abort("r1")
+    finished = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out.finish_reason
+    assert finished == {"r0": "length", "r1": "abort", "r2": "length"}
+    assert engine.kv.hbm.num_free == 64
+
+
+def _write_config(directory: Path, **overrides) -> Path:
+    raw = {"architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 16,
+           "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    raw.update(overrides)
+    raw = {k: v for k, v in raw.items() if v is not None}
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(raw))
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (dict(architectures=["GPT2LMHeadModel"]), "architectures"),
+        (dict(architectures=None), "architectures"),
+        (dict(hidden_size=None), "hidden_size"),
+        (dict(num_hidden_layers="three"), "num_hidden_layers"),
+        (dict(num_key_value_heads=3), "num_key_value_heads"),
+        (dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}), "rope_scaling"),
+    ],
+)
+def test_bad_config_names_the_field(tmp_path: Path, overrides, field: str) -> None:
+    directory = _write_config(tmp_path / "m", **overrides)
+    with pytest.raises(ModelConfigError, match=field):
+        load_model(str(directory))
+
+
+def test_missing_model_files_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ModelConfigError, match="does not exist"):
+        load_model(str(tmp_path / "nowhere"))
+    with pytest.raises(ModelConfigError, match="config.json"):
+        load_model(str(tmp_path))
+    directory = _write_config(tmp_path / "noweights")
+    with pytest.raises(ModelConfigError, match="safetensors"):
+        load_model(str(directory))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    with pytest.raises(ModelConfigError, match="not valid JSON"):
+        load_model(str(tmp_path / "broken"))
+
+
+def test_tiny_random_runs_without_files() -> None:
+    loaded = load_model("tiny-random")
+    results = generate(build_engine(loaded, EngineConfig()), [loaded.tokenizer.encode("hi")],
+                       [SamplingParams(max_tokens=5, temperature=0)])
+    assert len(results[0].token_ids) == 5
