@@ -12,6 +12,7 @@ class EngineConfig:
     hbm_kv_gib: float = 0.25
     num_dram_blocks: int | None = None  # wins over dram_kv_gib when set
     dram_kv_gib: float = 0.0
+    pin_chunk_gib: float = 1.0  # host pool pinned this much at a time, in the background
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     max_model_len: int | None = None  # default: the model's max_position_embeddings

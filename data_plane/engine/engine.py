@@ -145,7 +145,10 @@ class Engine:
             t_model = time.perf_counter()
             sampled = self.executor.execute(items)
             self.stats.model_time_s += time.perf_counter() - t_model
+            self.kv.after_compute()
             outputs.extend(self._process(items, sampled, self.clock()))
+        else:
+            self.kv.wait_for_progress()  # nothing to compute: only a copy can unblock us
         self.stats.step_time_s += time.perf_counter() - t_start
         return outputs
 
@@ -186,18 +189,13 @@ class Engine:
 
     def _apply_transitions(self, plan: Plan, now: float) -> None:
         for request_id in reversed(plan.preempt_ids):
-            request = self._expect(request_id, RequestState.RUNNING)
-            self.running.remove(request)
-            self.kv.free(request_id)
-            request.num_computed_tokens = 0
-            request.state = RequestState.WAITING
-            request.num_preemptions += 1
-            self.stats.num_preemptions += 1
-            self.waiting.appendleft(request)
+            self._preempt(self._expect(request_id, RequestState.RUNNING))
         for request_id in plan.rotate_out_ids:
             request = self._expect(request_id, RequestState.RUNNING)
+            if not self.kv.rotate_out(request_id):  # no room in DRAM: recompute instead
+                self._preempt(request)
+                continue
             self.running.remove(request)
-            self.kv.rotate_out(request_id)
             request.state = RequestState.ROTARY
             request.num_rotations += 1
             self.stats.num_rotations_out += 1
@@ -218,6 +216,16 @@ class Engine:
             request.t_run_s = now
             self.running.append(request)
 
+    def _preempt(self, request: Request) -> None:
+        """Preempt by recompute: drop the KV, back to the front of the waiting queue."""
+        self.running.remove(request)
+        self.kv.free(request.request_id)
+        request.num_computed_tokens = 0
+        request.state = RequestState.WAITING
+        request.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.waiting.appendleft(request)
+
     def _expect(self, request_id: str, state: RequestState) -> Request:
         request = self.requests.get(request_id)
         if request is None or request.state is not state or request.finished:
@@ -231,7 +239,7 @@ class Engine:
             end = request.num_computed_tokens + chunk.num_tokens
             if end > request.num_tokens or not self.kv.is_resident(chunk.request_id):
                 raise RuntimeError(f"plan schedules {chunk} beyond {request.request_id}'s state")
-            block_ids = self.kv.ensure_hbm(chunk.request_id, end)
+            block_ids = self.kv.ensure_hbm(chunk.request_id, request.num_computed_tokens, end)
             if block_ids is None:
                 self.stats.num_skipped_chunks += 1
                 continue

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from data_plane.engine.config import EngineConfig
 from data_plane.engine.engine import Engine, Executor
 from data_plane.engine.model_runner import BatchItem, ModelRunner
 from data_plane.engine.request import FinishReason, RequestError
 from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.geometry import KVGeometry
+from data_plane.kv.host_pool import ChunkedPinner, cuda_host_register
 from data_plane.kv.manager import KVCacheManager
+from data_plane.kv.tiered import TieredKVCacheManager
+from data_plane.transfer import make_transfer_engine
 from data_plane.models.loader import LoadedModel
 from shared.policy import Knobs, make_plan
+
+
+DEFAULT_B_XFER_BLOCKS = 2400  # the paper's default when knobs.b_xfer is "auto" offline
 
 
 @dataclass(slots=True)
@@ -43,12 +51,13 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, knobs: Knobs | None 
     )
     num_blocks = config.num_hbm_blocks or geometry.blocks_in(config.hbm_kv_gib)
     kv_tensor = geometry.allocate(num_blocks, config.device)
+    kv = build_kv_manager(geometry, kv_tensor, config, knobs)
     runner = ModelRunner(loaded.model, config.block_size, config.device)
     max_model_len = min(config.max_model_len or model_cfg.max_position_embeddings,
                         model_cfg.max_position_embeddings)
     return Engine(
         executor=_LocalExecutor(runner, kv_tensor),
-        kv=KVCacheManager(num_blocks, config.block_size),
+        kv=kv,
         planner=lambda snapshot: make_plan(snapshot, knobs),
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs,
@@ -56,6 +65,30 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, knobs: Knobs | None 
         eos_token_ids=model_cfg.eos_token_ids,
         tokenizer=loaded.tokenizer,
     )
+
+
+def build_kv_manager(
+    geometry: KVGeometry, hbm: torch.Tensor, config: EngineConfig, knobs: Knobs
+) -> KVCacheManager:
+    """HBM only, or HBM + DRAM with a DuplexKV transfer engine when a DRAM pool is set."""
+    num_dram = config.num_dram_blocks
+    if num_dram is None:
+        num_dram = geometry.blocks_in(config.dram_kv_gib)
+    if num_dram == 0:
+        return KVCacheManager(hbm.shape[0], config.block_size)
+    dram = geometry.allocate(num_dram, "cpu")
+    pinner = None
+    num_ready = num_dram
+    if hbm.is_cuda:  # pin in chunks in the background; serve with what is pinned so far
+        chunk_blocks = max(1, geometry.blocks_in(config.pin_chunk_gib))
+        pinner = ChunkedPinner(dram, chunk_blocks, cuda_host_register)
+        num_ready = pinner.pin_first_chunk()
+        pinner.start()
+    transfer = make_transfer_engine(config.transfer_backend, hbm, dram)
+    b_xfer = knobs.b_xfer if knobs.b_xfer is not None else DEFAULT_B_XFER_BLOCKS
+    return TieredKVCacheManager(hbm.shape[0], num_dram, config.block_size, transfer,
+                                b_xfer_blocks=b_xfer, eager_sync=config.eager_sync,
+                                num_dram_blocks_ready=num_ready, pinner=pinner)
 
 
 def generate(

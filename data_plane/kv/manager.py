@@ -6,19 +6,29 @@ from dataclasses import dataclass, field
 
 from data_plane.kv.block_pool import BlockPool
 
+UNSYNCED, PENDING, SYNCED = 0, 1, 2  # state of a block's DRAM twin
+
 
 @dataclass(slots=True)
 class BlockTable:
     """Where each of a request's blocks lives. ``hbm_ids[i]`` and ``dram_ids[i]`` are the
     i-th logical block in each tier (``None`` where it has no copy there)."""
 
-    hbm_ids: list[int] = field(default_factory=list)
+    hbm_ids: list[int | None] = field(default_factory=list)
     dram_ids: list[int | None] = field(default_factory=list)
-    synced: list[bool] = field(default_factory=list)
+    sync: list[int] = field(default_factory=list)  # UNSYNCED / PENDING / SYNCED per block
+    rotated_out: bool = False
+    num_pending_h2d: int = 0  # blocks still being copied back; not resident until 0
+    num_pending_evict: int = 0  # rotate-out copies still in flight
+    num_sync_checked: int = 0  # leading full blocks already considered for eager sync
 
     @property
     def num_hbm(self) -> int:
-        return len(self.hbm_ids)
+        return sum(1 for h in self.hbm_ids if h is not None)
+
+    @property
+    def num_synced(self) -> int:
+        return sum(1 for s in self.sync if s == SYNCED)
 
     @property
     def num_dram(self) -> int:
@@ -47,17 +57,21 @@ class KVCacheManager:
     def is_resident(self, request_id: str) -> bool:
         return True
 
-    def ensure_hbm(self, request_id: str, num_tokens: int) -> list[int] | None:
-        """Grow the request's HBM blocks to hold ``num_tokens``; None if HBM is short."""
+    def ensure_hbm(self, request_id: str, num_computed: int, num_tokens: int) -> list[int] | None:
+        """Grow the request's HBM blocks to hold ``num_tokens`` (tokens from ``num_computed``
+        on are about to be written); None if HBM is short."""
         table = self.tables.setdefault(request_id, BlockTable())
-        missing = self.blocks_for(num_tokens) - table.num_hbm
+        missing = self.blocks_for(num_tokens) - len(table.hbm_ids)
         if missing > self.hbm.num_free:
             return None
         if missing > 0:
             table.hbm_ids.extend(self.hbm.allocate(missing))
             table.dram_ids.extend([None] * missing)
-            table.synced.extend([False] * missing)
-        return table.hbm_ids
+            table.sync.extend([UNSYNCED] * missing)
+        for index in range(num_computed // self.block_size, len(table.hbm_ids)):
+            if table.sync[index] == SYNCED:  # the partly filled tail: its DRAM twin goes stale
+                table.sync[index] = UNSYNCED
+        return table.hbm_ids  # type: ignore[return-value]
 
     def on_computed(self, request_id: str, num_computed_tokens: int) -> None:
         """KV of ``num_computed_tokens`` tokens now exists (eager sync hooks in here)."""
@@ -65,13 +79,21 @@ class KVCacheManager:
     def free(self, request_id: str) -> None:
         table = self.tables.pop(request_id, None)
         if table is not None:
-            self.hbm.free(table.hbm_ids)
+            self.hbm.free([h for h in table.hbm_ids if h is not None])
 
-    def rotate_out(self, request_id: str) -> None:
-        raise RuntimeError("rotation needs a DRAM tier (set dram_kv_gib or num_dram_blocks)")
+    def rotate_out(self, request_id: str) -> bool:
+        """Park the request's KV in DRAM; False when it cannot (no DRAM tier / room)."""
+        return False
 
     def rotate_in(self, request_id: str) -> bool:
-        raise RuntimeError("rotation needs a DRAM tier (set dram_kv_gib or num_dram_blocks)")
+        """Start copying a rotary request back; False while HBM is short."""
+        return False
+
+    def wait_for_progress(self) -> None:
+        """Block until the oldest in-flight copy completes (nothing else to do)."""
+
+    def after_compute(self) -> None:
+        """Called when an iteration's compute ended (transfer overlap accounting)."""
 
     def poll(self) -> None:
         """Retire completed transfers (none without a DRAM tier)."""

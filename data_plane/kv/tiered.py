@@ -1,0 +1,297 @@
+"""Two-tier KV (HBM + host DRAM) with DuplexKV rotation (SUPERINFER.md §2, §5).
+
+- Eager sync: a block that becomes full is queued for a D2H copy to its DRAM twin and marked
+  synced when that copy completes. Only full (immutable) blocks travel D2H in the background.
+- Rotate out: synced HBM blocks are dropped without copying; only unsynced ones (at most the
+  partly filled tail, plus full blocks whose sync has not run yet) are copied D2H, and their HBM
+  blocks are freed when the copy completes.
+- Rotate in: allocate HBM, copy H2D; the request is not resident (attention never reads the
+  blocks) until every copy completed. A request rotates in only after its rotate-out finished.
+- At most ``b_xfer_blocks`` blocks are issued per iteration, in one submit (one batched call per
+  direction), before the iteration's compute starts, so copies overlap compute.
+- A block is never freed or reused while a copy from or to it is in flight.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from data_plane.kv.block_pool import BlockPool
+from data_plane.kv.host_pool import ChunkedPinner
+from data_plane.kv.manager import PENDING, SYNCED, UNSYNCED, BlockTable, KVCacheManager
+from data_plane.transfer.base import BlockCopy, TransferEngine, TransferHandle
+
+EVICT, SYNC, LOAD = "evict", "sync", "load"
+
+
+@dataclass(frozen=True, slots=True)
+class _Move:
+    kind: str  # EVICT / SYNC (D2H) or LOAD (H2D)
+    request_id: str
+    index: int  # logical block index in the request's table
+    hbm_id: int
+    dram_id: int
+
+
+@dataclass(slots=True)
+class _Batch:
+    moves: list[_Move]
+    handles: list[TransferHandle]
+    t_issue_s: float
+    compute_ended: bool = False
+    exposed_from_s: float | None = None  # compute ended before the copies did
+
+
+@dataclass(slots=True)
+class TieredStats:
+    blocks_synced: int = 0  # eager syncs completed
+    blocks_evicted: int = 0  # rotate-out copies completed
+    blocks_loaded: int = 0  # rotate-in copies completed
+    blocks_dropped: int = 0  # synced HBM blocks dropped at rotate-out without a copy
+    max_blocks_per_iteration: int = 0
+    num_batches: int = 0
+    num_batches_hidden: int = 0  # done by the end of the compute they overlapped
+    exposed_transfer_s: float = 0.0
+    per_iteration_blocks: list[int] = field(default_factory=list)
+
+
+class TieredKVCacheManager(KVCacheManager):
+    def __init__(
+        self,
+        num_hbm_blocks: int,
+        num_dram_blocks: int,
+        block_size: int,
+        transfer: TransferEngine,
+        b_xfer_blocks: int,
+        eager_sync: bool = True,
+        num_dram_blocks_ready: int | None = None,
+        pinner: ChunkedPinner | None = None,
+    ) -> None:
+        super().__init__(num_hbm_blocks, block_size)
+        if b_xfer_blocks < 1:
+            raise ValueError(f"b_xfer_blocks must be >= 1 with a DRAM tier, got {b_xfer_blocks}")
+        ready = num_dram_blocks if num_dram_blocks_ready is None else num_dram_blocks_ready
+        self.dram = BlockPool(ready, "dram")
+        self.num_dram_blocks_total = num_dram_blocks
+        self.transfer = transfer
+        self.b_xfer_blocks = b_xfer_blocks
+        self.eager_sync = eager_sync
+        self.pinner = pinner
+        self.tiered_stats = TieredStats()
+        self._urgent: deque[_Move] = deque()  # evictions and loads: rotation waits on these
+        self._syncs: deque[_Move] = deque()  # eager syncs: background
+        self._in_flight: list[_Batch] = []
+        self._busy_hbm: set[int] = set()
+        self._busy_dram: set[int] = set()
+        self._deferred_hbm: set[int] = set()
+        self._deferred_dram: set[int] = set()
+
+    @property
+    def num_free_dram_blocks(self) -> int:
+        return self.dram.num_free
+
+    def grow_dram(self, num_ready_blocks: int) -> None:
+        """More of the DRAM pool is usable (pinned) now."""
+        self.dram.grow(min(num_ready_blocks, self.num_dram_blocks_total))
+
+    def is_resident(self, request_id: str) -> bool:
+        table = self.tables.get(request_id)
+        return table is None or (table.num_pending_h2d == 0 and not table.rotated_out)
+
+    def on_computed(self, request_id: str, num_computed_tokens: int) -> None:
+        table = self.tables.get(request_id)
+        if table is None or not self.eager_sync:
+            return
+        num_full = num_computed_tokens // self.block_size
+        for index in range(table.num_sync_checked, num_full):
+            if table.sync[index] == UNSYNCED:
+                self._queue_d2h(SYNC, request_id, table, index)  # skipped when DRAM is full
+        table.num_sync_checked = max(table.num_sync_checked, num_full)
+
+    def _queue_d2h(self, kind: str, request_id: str, table: BlockTable, index: int) -> bool:
+        dram_id = table.dram_ids[index]
+        if dram_id is None:
+            if self.dram.num_free == 0:
+                return False
+            dram_id = self.dram.allocate(1)[0]
+            table.dram_ids[index] = dram_id
+        hbm_id = table.hbm_ids[index]
+        assert hbm_id is not None
+        table.sync[index] = PENDING
+        move = _Move(kind, request_id, index, hbm_id, dram_id)
+        (self._urgent if kind == EVICT else self._syncs).append(move)
+        return True
+
+    # ---- rotation ------------------------------------------------------------------------
+    def rotate_out(self, request_id: str) -> bool:
+        table = self.tables.get(request_id)
+        if table is None:
+            table = self.tables[request_id] = BlockTable()
+        needed = sum(1 for i, d in enumerate(table.dram_ids) if d is None and table.sync[i] != SYNCED)
+        if needed > self.dram.num_free:
+            return False
+        table.rotated_out = True
+        self._requeue_pending_syncs_as_evictions(request_id, table)
+        for index, state in enumerate(table.sync):
+            if state == SYNCED:
+                self._drop_hbm(table, index)
+                self.tiered_stats.blocks_dropped += 1
+            elif state == UNSYNCED:
+                self._queue_d2h(EVICT, request_id, table, index)
+                table.num_pending_evict += 1
+        return True
+
+    def _requeue_pending_syncs_as_evictions(self, request_id: str, table: BlockTable) -> None:
+        """Queued (not yet issued) eager syncs of a rotating request become evictions; syncs
+        already in flight count as evictions and free their HBM block on completion."""
+        kept: deque[_Move] = deque()
+        for move in self._syncs:
+            if move.request_id == request_id:
+                self._urgent.append(_Move(EVICT, request_id, move.index, move.hbm_id,
+                                          move.dram_id))
+            else:
+                kept.append(move)
+        self._syncs = kept
+        table.num_pending_evict += sum(1 for s in table.sync if s == PENDING)
+
+    def rotate_in(self, request_id: str) -> bool:
+        table = self.tables.get(request_id)
+        if table is None:
+            return True  # rotated out before it computed anything
+        if table.num_pending_evict:
+            return False  # its rotate-out is still in flight
+        missing = [i for i, h in enumerate(table.hbm_ids) if h is None]
+        if len(missing) > self.hbm.num_free:
+            return False
+        table.rotated_out = False
+        for index, hbm_id in zip(missing, self.hbm.allocate(len(missing)), strict=True):
+            dram_id = table.dram_ids[index]
+            assert dram_id is not None and table.sync[index] == SYNCED
+            table.hbm_ids[index] = hbm_id
+            self._urgent.append(_Move(LOAD, request_id, index, hbm_id, dram_id))
+        table.num_pending_h2d = len(missing)
+        return True
+
+    def free(self, request_id: str) -> None:
+        table = self.tables.pop(request_id, None)
+        if table is None:
+            return
+        self._urgent = deque(m for m in self._urgent if m.request_id != request_id)
+        self._syncs = deque(m for m in self._syncs if m.request_id != request_id)
+        for hbm_id in table.hbm_ids:
+            if hbm_id is not None:
+                self._release(hbm_id, self.hbm, self._busy_hbm, self._deferred_hbm)
+        for dram_id in table.dram_ids:
+            if dram_id is not None:
+                self._release(dram_id, self.dram, self._busy_dram, self._deferred_dram)
+
+    def _drop_hbm(self, table: BlockTable, index: int) -> None:
+        hbm_id = table.hbm_ids[index]
+        if hbm_id is not None:
+            table.hbm_ids[index] = None
+            self._release(hbm_id, self.hbm, self._busy_hbm, self._deferred_hbm)
+
+    @staticmethod
+    def _release(block_id: int, pool: BlockPool, busy: set[int], deferred: set[int]) -> None:
+        if block_id in busy:
+            deferred.add(block_id)  # freed when the copy touching it completes
+        else:
+            pool.free([block_id])
+
+    # ---- the pipeline --------------------------------------------------------------------
+    def issue_transfers(self) -> None:
+        """Issue up to ``b_xfer_blocks`` queued copies (rotation first, then eager syncs) as one
+        submit; they run while this iteration computes."""
+        budget = self.b_xfer_blocks
+        moves: list[_Move] = []
+        while budget and self._urgent:
+            moves.append(self._urgent.popleft())
+            budget -= 1
+        while budget and self._syncs:
+            moves.append(self._syncs.popleft())
+            budget -= 1
+        self.tiered_stats.per_iteration_blocks.append(len(moves))
+        if not moves:
+            return
+        stats = self.tiered_stats
+        stats.max_blocks_per_iteration = max(stats.max_blocks_per_iteration, len(moves))
+        h2d = [BlockCopy(m.dram_id, m.hbm_id) for m in moves if m.kind == LOAD]
+        d2h = [BlockCopy(m.hbm_id, m.dram_id) for m in moves if m.kind != LOAD]
+        for move in moves:
+            self._busy_hbm.add(move.hbm_id)
+            self._busy_dram.add(move.dram_id)
+        handles = [h for h in self.transfer.submit(h2d, d2h) if h is not None]
+        self._in_flight.append(_Batch(moves, handles, time.perf_counter()))
+        stats.num_batches += 1
+
+    def after_compute(self) -> None:
+        now = time.perf_counter()
+        for batch in self._in_flight:
+            if batch.compute_ended:
+                continue
+            batch.compute_ended = True
+            if all(h.done() for h in batch.handles):
+                self.tiered_stats.num_batches_hidden += 1
+            else:
+                batch.exposed_from_s = now
+
+    def poll(self) -> None:
+        """Retire completed batches and pick up newly pinned DRAM (never blocks)."""
+        if self.pinner is not None and self.pinner.num_ready_blocks > self.dram.num_blocks:
+            self.grow_dram(self.pinner.num_ready_blocks)
+        still: list[_Batch] = []
+        for batch in self._in_flight:
+            if all(h.done() for h in batch.handles):
+                self._complete(batch)
+            else:
+                still.append(batch)
+        self._in_flight = still
+
+    def wait_for_progress(self) -> None:
+        if self._in_flight:
+            for handle in self._in_flight[0].handles:
+                handle.wait()
+
+    def drain(self) -> None:
+        """Wait for every queued and in-flight copy (shutdown, tests)."""
+        while self._in_flight or self._urgent or self._syncs:
+            for batch in self._in_flight:
+                for handle in batch.handles:
+                    handle.wait()
+            self.poll()
+            self.issue_transfers()
+
+    def _complete(self, batch: _Batch) -> None:
+        if batch.exposed_from_s is not None:  # upper bound: seen at the next poll
+            self.tiered_stats.exposed_transfer_s += time.perf_counter() - batch.exposed_from_s
+        elif not batch.compute_ended:  # completed before any compute overlapped it
+            self.tiered_stats.num_batches_hidden += 1
+        for move in batch.moves:
+            self._busy_hbm.discard(move.hbm_id)
+            self._busy_dram.discard(move.dram_id)
+            if move.hbm_id in self._deferred_hbm:
+                self._deferred_hbm.discard(move.hbm_id)
+                self.hbm.free([move.hbm_id])
+            if move.dram_id in self._deferred_dram:
+                self._deferred_dram.discard(move.dram_id)
+                self.dram.free([move.dram_id])
+            table = self.tables.get(move.request_id)
+            if table is not None:
+                self._apply_completion(move, table)
+
+    def _apply_completion(self, move: _Move, table: BlockTable) -> None:
+        stats = self.tiered_stats
+        if move.kind == LOAD:
+            table.num_pending_h2d -= 1
+            stats.blocks_loaded += 1
+            return
+        table.sync[move.index] = SYNCED
+        if move.kind == SYNC and not table.rotated_out:
+            stats.blocks_synced += 1
+            return
+        stats.blocks_evicted += 1
+        table.num_pending_evict -= 1
+        if table.rotated_out:
+            self._drop_hbm(table, move.index)

@@ -1,0 +1,263 @@
+"""DuplexKV on the cpu backend: lossless rotation, eager sync, no leaks, transfer budget."""
+
+from __future__ import annotations
+
+import random
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from data_plane.engine.config import EngineConfig
+from data_plane.engine.llm import build_engine, generate
+from data_plane.engine.sampling import SamplingParams
+from data_plane.kv.geometry import KVGeometry
+from data_plane.kv.tiered import TieredKVCacheManager
+from data_plane.models import load_model
+from data_plane.transfer.base import BlockCopy
+from data_plane.transfer.cpu import CpuTransferEngine
+from shared.policy import Knobs, Plan, RequestState, Snapshot, make_plan
+
+BS = 4
+
+
+@pytest.fixture(scope="module")
+def stories(stories_path: Path):
+    return load_model(str(stories_path))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny-random", seed=3)
+
+
+class RandomRotations:
+    """vLLM's plan plus random rotations: running requests rotate out and rotary ones are held
+    back at random iterations (the engine decides nothing; this planner does)."""
+
+    def __init__(self, seed: int, p_out: float, p_hold: float) -> None:
+        self.rng = random.Random(seed)
+        self.p_out = p_out
+        self.p_hold = p_hold
+
+    def __call__(self, snapshot: Snapshot) -> Plan:
+        plan = make_plan(snapshot, Knobs(policy="vllm"))
+        plan.resume_ids = [r for r in plan.resume_ids if self.rng.random() > self.p_hold]
+        leaving = set(plan.preempt_ids)
+        for view in snapshot.requests:
+            if (view.state is RequestState.RUNNING and view.request_id not in leaving
+                    and view.resident and self.rng.random() < self.p_out):
+                plan.rotate_out_ids.append(view.request_id)
+        out = set(plan.rotate_out_ids)
+        plan.schedule = [c for c in plan.schedule if c.request_id not in out]
+        return plan
+
+
+def _prompts(loaded) -> list[list[int]]:
+    tok = loaded.tokenizer
+    return [tok.encode(t) for t in ("Tim had a dog", "", "The sun", "Lily and Ben went to the",
+                                    "One day a big")]
+
+
+def _params() -> list[SamplingParams]:
+    return [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
+            SamplingParams(max_tokens=24, temperature=0.8, seed=5, ignore_eos=True)] * 2 + [
+        SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)]
+
+
+def _reference(loaded) -> list[list[int]]:
+    engine = build_engine(loaded, EngineConfig(block_size=BS, num_hbm_blocks=512))
+    return [r.token_ids for r in generate(engine, _prompts(loaded), _params())]
+
+
+def _rotating_run(loaded, seed: int, p_out: float, p_hold: float, b_xfer: int):
+    config = EngineConfig(block_size=BS, num_hbm_blocks=40, num_dram_blocks=200,
+                          max_num_batched_tokens=16)
+    engine = build_engine(loaded, config, Knobs(policy="vllm", b_xfer=b_xfer))
+    engine.planner = RandomRotations(seed, p_out, p_hold)
+    tokens: dict[str, list[int]] = {}
+    for index, (prompt, params) in enumerate(zip(_prompts(loaded), _params(), strict=True)):
+        engine.add_request(f"r{index}", prompt, params)
+        tokens[f"r{index}"] = []
+    for _ in range(20_000):
+        if not engine.has_unfinished():
+            break
+        for output in engine.step():
+            tokens[output.request_id].extend(output.new_token_ids)
+    else:
+        raise AssertionError(f"no progress: {engine.stats}")
+    engine.kv.drain()
+    return engine, list(tokens.values())
+
+
+@pytest.mark.parametrize("model_name", ["stories", "tiny"])
+def test_lossless_rotation_random_schedules(model_name: str, request: pytest.FixtureRequest
+                                            ) -> None:
+    loaded = request.getfixturevalue(model_name)
+    reference = _reference(loaded)
+
+    @settings(max_examples=100, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(seed=st.integers(0, 2**31), p_out=st.floats(0.02, 0.3), p_hold=st.floats(0, 0.6),
+           b_xfer=st.integers(2, 64))
+    def check(seed: int, p_out: float, p_hold: float, b_xfer: int) -> None:
+        engine, tokens = _rotating_run(loaded, seed, p_out, p_hold, b_xfer)
+        assert tokens == reference
+        kv = engine.kv
+        assert isinstance(kv, TieredKVCacheManager)
+        assert kv.hbm.num_free == kv.hbm.num_blocks and kv.dram.num_free == kv.dram.num_blocks
+        assert kv.tiered_stats.max_blocks_per_iteration <= b_xfer
+        check.rotations += engine.stats.num_rotations_out
+
+    check.rotations = 0
+    check()
+    assert check.rotations > 200  # requests rotated out and back in many times
+
+
+def _manager(num_hbm: int = 16, num_dram: int = 16, b_xfer: int = 64, transfer=None):
+    geometry = KVGeometry(num_layers=2, block_size=BS, num_kv_heads=2, head_dim=4,
+                          dtype=torch.float32)
+    hbm = torch.randn(num_hbm, *geometry.block_shape)
+    dram = torch.zeros(num_dram, *geometry.block_shape)
+    transfer = transfer or CpuTransferEngine(hbm, dram)
+    return TieredKVCacheManager(num_hbm, num_dram, BS, transfer, b_xfer_blocks=b_xfer), hbm, dram
+
+
+def _fill(kv: TieredKVCacheManager, request_id: str, num_tokens: int) -> list[int]:
+    ids = kv.ensure_hbm(request_id, 0, num_tokens)
+    assert ids is not None
+    kv.on_computed(request_id, num_tokens)
+    return list(ids)
+
+
+def test_rotating_out_fully_synced_request_moves_zero_bytes() -> None:
+    kv, hbm, dram = _manager()
+    ids = _fill(kv, "a", 3 * BS)
+    kv.issue_transfers()
+    kv.drain()
+    assert kv.tiered_stats.blocks_synced == 3
+    before = kv.transfer.stats.bytes_d2h
+    assert kv.rotate_out("a")
+    kv.drain()
+    assert kv.transfer.stats.bytes_d2h == before
+    assert kv.tiered_stats.blocks_dropped == 3
+    assert kv.hbm.num_free == 16
+    table = kv.table("a")
+    assert table is not None
+    for index, dram_id in enumerate(table.dram_ids):
+        assert torch.equal(dram[dram_id], hbm[ids[index]])
+
+
+def test_rotating_out_moves_exactly_the_unsynced_blocks() -> None:
+    kv, _, _ = _manager()
+    _fill(kv, "a", 2 * BS + 1)  # two full blocks (synced below) and a partial tail
+    kv.issue_transfers()
+    kv.drain()
+    before = kv.transfer.stats.blocks_d2h
+    assert kv.rotate_out("a")
+    kv.drain()
+    assert kv.transfer.stats.blocks_d2h - before == 1
+    kv2, _, _ = _manager()
+    _fill(kv2, "b", 2 * BS + 1)  # nothing synced yet: all three move at rotate-out
+    assert kv2.rotate_out("b")
+    kv2.drain()
+    assert kv2.transfer.stats.blocks_d2h == 3
+
+
+def test_rotate_in_restores_bytes_and_waits_for_copies() -> None:
+    kv, hbm, _ = _manager()
+    ids = _fill(kv, "a", 2 * BS + 2)
+    original = hbm[ids].clone()
+    assert kv.rotate_out("a")
+    assert not kv.rotate_in("a") or kv.table("a").num_pending_evict == 0  # type: ignore[union-attr]
+    kv.issue_transfers()
+    kv.drain()
+    hbm.zero_()
+    assert kv.rotate_in("a")
+    assert not kv.is_resident("a")
+    kv.issue_transfers()
+    kv.drain()
+    assert kv.is_resident("a")
+    table = kv.table("a")
+    assert table is not None
+    assert torch.equal(hbm[[h for h in table.hbm_ids if h is not None]], original)
+
+
+class GatedEngine(CpuTransferEngine):
+    """Copies wait for a gate, so a test can act while they are in flight."""
+
+    def __init__(self, hbm: torch.Tensor, dram: torch.Tensor) -> None:
+        super().__init__(hbm, dram)
+        self.gate = threading.Event()
+
+    def submit(self, h2d: list[BlockCopy], d2h: list[BlockCopy]):
+        gate = self.gate
+        self._h2d.submit(gate.wait)
+        self._d2h.submit(gate.wait)
+        return super().submit(h2d, d2h)
+
+
+def test_abort_during_in_flight_transfer_leaks_nothing() -> None:
+    geometry = KVGeometry(2, BS, 2, 4, torch.float32)
+    hbm = torch.randn(16, *geometry.block_shape)
+    dram = torch.zeros(16, *geometry.block_shape)
+    gated = GatedEngine(hbm, dram)
+    kv, _, _ = _manager(transfer=gated)
+    _fill(kv, "a", 3 * BS + 1)
+    _fill(kv, "b", 2 * BS)
+    assert kv.rotate_out("a")
+    kv.issue_transfers()  # syncs + evictions in flight, gated
+    kv.poll()
+    kv.free("a")
+    kv.free("b")
+    assert kv.hbm.num_free < 16  # busy blocks are not reused while copies run
+    gated.gate.set()
+    kv.drain()
+    assert kv.hbm.num_free == 16 and kv.dram.num_free == 16
+
+
+def test_transfer_budget_caps_blocks_per_iteration() -> None:
+    kv, _, _ = _manager(num_hbm=32, num_dram=32, b_xfer=3)
+    _fill(kv, "a", 10 * BS)
+    iterations = 0
+    while kv._syncs or kv._in_flight:  # noqa: SLF001 - inspecting the pipeline
+        kv.issue_transfers()
+        for batch in kv._in_flight:  # noqa: SLF001
+            for handle in batch.handles:
+                handle.wait()
+        kv.poll()
+        iterations += 1
+    assert max(kv.tiered_stats.per_iteration_blocks) == 3
+    assert iterations >= 4 and kv.tiered_stats.blocks_synced == 10
+
+
+def test_dram_pool_grows_as_chunks_are_pinned() -> None:
+    from data_plane.kv.host_pool import ChunkedPinner
+
+    gate = threading.Semaphore(0)
+    registered: list[tuple[int, int]] = []
+
+    def slow_register(pointer: int, nbytes: int) -> None:
+        if registered:
+            gate.acquire()  # the first chunk pins at once, the rest when the test allows
+        registered.append((pointer, nbytes))
+
+    geometry = KVGeometry(2, BS, 2, 4, torch.float32)
+    hbm = torch.zeros(8, *geometry.block_shape)
+    dram = torch.zeros(12, *geometry.block_shape)
+    pinner = ChunkedPinner(dram, chunk_blocks=4, register=slow_register)
+    ready = pinner.pin_first_chunk()
+    pinner.start()
+    kv = TieredKVCacheManager(8, 12, BS, CpuTransferEngine(hbm, dram), b_xfer_blocks=8,
+                              num_dram_blocks_ready=ready, pinner=pinner)
+    assert kv.num_free_dram_blocks == 4  # serving starts with the first chunk
+    gate.release()
+    gate.release()
+    pinner.join()
+    kv.poll()
+    assert kv.num_free_dram_blocks == 12 and pinner.done
+    assert [n for _, n in registered] == [4 * geometry.block_bytes] * 3
+    assert registered[1][0] == dram[4].data_ptr()
