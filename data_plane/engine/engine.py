@@ -126,6 +126,10 @@ class Engine:
         )
         return True
 
+    def close(self) -> None:
+        """Drain and release the KV tiers (copies, streams, pinned memory)."""
+        self.kv.close()
+
     def has_unfinished(self) -> bool:
         return bool(self.running or self.waiting or self.rotary or self._pending_outputs)
 

@@ -12,7 +12,12 @@ from data_plane.engine.model_runner import BatchItem, ModelRunner
 from data_plane.engine.request import FinishReason, RequestError
 from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.geometry import KVGeometry
-from data_plane.kv.host_pool import ChunkedPinner, cuda_host_register
+from data_plane.kv.host_pool import (
+    ChunkedPinner,
+    allocate_host_pool,
+    cuda_host_register,
+    cuda_host_unregister,
+)
 from data_plane.kv.manager import KVCacheManager
 from data_plane.kv.tiered import TieredKVCacheManager
 from data_plane.transfer import make_transfer_engine
@@ -76,12 +81,14 @@ def build_kv_manager(
         num_dram = geometry.blocks_in(config.dram_kv_gib)
     if num_dram == 0:
         return KVCacheManager(hbm.shape[0], config.block_size)
-    dram = geometry.allocate(num_dram, "cpu")
     pinner = None
     num_ready = num_dram
-    if hbm.is_cuda:  # pin in chunks in the background; serve with what is pinned so far
+    if not hbm.is_cuda:
+        dram = geometry.allocate(num_dram, "cpu")
+    else:  # pin in chunks in the background; serve with what is pinned so far
+        dram = allocate_host_pool(num_dram, geometry.block_shape, geometry.dtype)
         chunk_blocks = max(1, geometry.blocks_in(config.pin_chunk_gib))
-        pinner = ChunkedPinner(dram, chunk_blocks, cuda_host_register)
+        pinner = ChunkedPinner(dram, chunk_blocks, cuda_host_register, cuda_host_unregister)
         num_ready = pinner.pin_first_chunk()
         pinner.start()
     transfer = make_transfer_engine(config.transfer_backend, hbm, dram)

@@ -89,6 +89,9 @@ class KVCacheManager:
         """Start copying a rotary request back; False while HBM is short."""
         return False
 
+    def close(self) -> None:
+        """Release transfer resources (none without a DRAM tier)."""
+
     def wait_for_progress(self) -> None:
         """Block until the oldest in-flight copy completes (nothing else to do)."""
 

@@ -263,6 +263,13 @@ class TieredKVCacheManager(KVCacheManager):
             self.poll()
             self.issue_transfers()
 
+    def close(self) -> None:
+        """Finish every copy, stop the transfer engine and release pinned host memory."""
+        self.drain()
+        self.transfer.close()
+        if self.pinner is not None:
+            self.pinner.close()
+
     def _complete(self, batch: _Batch) -> None:
         if batch.exposed_from_s is not None:  # upper bound: seen at the next poll
             self.tiered_stats.exposed_transfer_s += time.perf_counter() - batch.exposed_from_s

@@ -235,7 +235,7 @@ def test_transfer_budget_caps_blocks_per_iteration() -> None:
 
 
 def test_dram_pool_grows_as_chunks_are_pinned() -> None:
-    from data_plane.kv.host_pool import ChunkedPinner
+    from data_plane.kv.host_pool import ChunkedPinner, allocate_host_pool
 
     gate = threading.Semaphore(0)
     registered: list[tuple[int, int]] = []
@@ -247,8 +247,11 @@ def test_dram_pool_grows_as_chunks_are_pinned() -> None:
 
     geometry = KVGeometry(2, BS, 2, 4, torch.float32)
     hbm = torch.zeros(8, *geometry.block_shape)
-    dram = torch.zeros(12, *geometry.block_shape)
-    pinner = ChunkedPinner(dram, chunk_blocks=4, register=slow_register)
+    dram = allocate_host_pool(12, geometry.block_shape, geometry.dtype)
+    assert dram.data_ptr() % 4096 == 0 and not dram.any()
+    unregistered: list[int] = []
+    pinner = ChunkedPinner(dram, chunk_blocks=4, register=slow_register,
+                           unregister=unregistered.append)
     ready = pinner.pin_first_chunk()
     pinner.start()
     kv = TieredKVCacheManager(8, 12, BS, CpuTransferEngine(hbm, dram), b_xfer_blocks=8,
@@ -261,3 +264,5 @@ def test_dram_pool_grows_as_chunks_are_pinned() -> None:
     assert kv.num_free_dram_blocks == 12 and pinner.done
     assert [n for _, n in registered] == [4 * geometry.block_bytes] * 3
     assert registered[1][0] == dram[4].data_ptr()
+    pinner.close()
+    assert sorted(unregistered) == sorted(p for p, _ in registered)

@@ -32,6 +32,7 @@ def _run(loaded, config: EngineConfig, planner=None) -> tuple[object, list[list[
     results = generate(engine, prompts, params)
     if isinstance(engine.kv, TieredKVCacheManager):
         engine.kv.drain()
+    engine.close()
     return engine, [r.token_ids for r in results]
 
 

@@ -1,0 +1,37 @@
+"""The real engine, KV managers and policies run in virtual time over request traces."""
+
+from __future__ import annotations
+
+from data_plane.sim.clock import VirtualClock
+from data_plane.sim.executor import SimulatedExecutor
+from data_plane.sim.simulator import (
+    ROW_KEYS,
+    SimResult,
+    SimSetup,
+    SimulationStuck,
+    run_simulation,
+    simulate,
+)
+from data_plane.sim.transfer import (
+    DuplexLink,
+    NaiveLink,
+    SimulatedHandle,
+    SimulatedTransferEngine,
+    naive_link,
+)
+
+__all__ = [
+    "ROW_KEYS",
+    "DuplexLink",
+    "NaiveLink",
+    "SimResult",
+    "SimSetup",
+    "SimulatedExecutor",
+    "SimulatedHandle",
+    "SimulatedTransferEngine",
+    "SimulationStuck",
+    "VirtualClock",
+    "naive_link",
+    "run_simulation",
+    "simulate",
+]
