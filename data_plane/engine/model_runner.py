@@ -22,6 +22,7 @@ class BatchItem:
 class ModelRunner:
     def __init__(self, model: LlamaModel, block_size: int, device: str) -> None:
         self.model = model
+        self.num_layers = model.config.num_layers
         self.block_size = block_size
         self.device = torch.device(device)
         self.sampler = Sampler()
@@ -43,15 +44,17 @@ class ModelRunner:
         self, items: list[BatchItem]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[BatchItem], torch.Tensor]:
         bs = self.block_size
+        rows_per_block = self.num_layers * 2 * bs
         input_ids: list[int] = []
         positions: list[int] = []
-        slot_blocks: list[int] = []
-        slot_offsets: list[int] = []
-        decode_tables: list[list[int]] = []
+        slot_rows: list[int] = []
         decode_lens: list[int] = []
-        meta_prefill: tuple[list[int], list[int], list[int], list[torch.Tensor]] = ([], [], [], [])
+        prefill: tuple[list[int], list[int], list[int], list[torch.Tensor]] = ([], [], [], [])
         sample_items: list[BatchItem] = []
         logits_index: list[int] = []
+        dev = self.device
+        decode_tables: list[list[int]] = []
+        offsets = torch.arange(bs, device=dev)
         for item in items:
             request = item.request
             start = request.num_computed_tokens
@@ -59,36 +62,36 @@ class ModelRunner:
             token_start = len(input_ids)
             input_ids.extend(request.all_token_ids[start:end])
             positions.extend(range(start, end))
-            for pos in range(start, end):
-                slot_blocks.append(item.block_ids[pos // bs])
-                slot_offsets.append(pos % bs)
+            table = item.block_ids[: -(-end // bs)]
+            slot_rows.extend(table[p // bs] * rows_per_block + p % bs for p in range(start, end))
             if item.num_tokens == 1:
-                decode_tables.append(item.block_ids[: -(-end // bs)])
+                decode_tables.append(table)
                 decode_lens.append(end)
             else:
-                meta_prefill[0].append(token_start)
-                meta_prefill[1].append(item.num_tokens)
-                meta_prefill[2].append(start)
-                table = item.block_ids[: -(-end // bs)]
-                meta_prefill[3].append(torch.tensor(table, dtype=torch.long, device=self.device))
+                prefill[0].append(token_start)
+                prefill[1].append(item.num_tokens)
+                prefill[2].append(start)
+                table_t = torch.tensor(table, dtype=torch.long, device=dev)
+                rows_t = (table_t[:, None] * rows_per_block + offsets).flatten()[:end]
+                prefill[3].append(rows_t)
             if end == request.num_tokens:
                 sample_items.append(item)
                 logits_index.append(len(input_ids) - 1)
         width = max((len(t) for t in decode_tables), default=0)
-        padded = [t + [0] * (width - len(t)) for t in decode_tables]
-        dev = self.device
+        tables_t = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables],
+                                dtype=torch.long, device=dev).view(len(decode_tables), width)
+        decode_rows_t = (tables_t[:, :, None] * rows_per_block + offsets).view(
+            len(decode_tables), width * bs)
         meta = AttentionMetadata(
-            slot_blocks=torch.tensor(slot_blocks, dtype=torch.long, device=dev),
-            slot_offsets=torch.tensor(slot_offsets, dtype=torch.long, device=dev),
+            slot_rows=torch.tensor(slot_rows, dtype=torch.long, device=dev),
             num_decodes=len(decode_tables),
-            decode_block_tables=torch.tensor(padded, dtype=torch.long, device=dev).view(
-                len(padded), width
-            ),
+            decode_rows=decode_rows_t,
             decode_context_lens=torch.tensor(decode_lens, dtype=torch.long, device=dev),
-            prefill_query_starts=meta_prefill[0],
-            prefill_query_lens=meta_prefill[1],
-            prefill_num_computed=meta_prefill[2],
-            prefill_block_tables=meta_prefill[3],
+            prefill_query_starts=prefill[0],
+            prefill_query_lens=prefill[1],
+            prefill_num_computed=prefill[2],
+            prefill_rows=prefill[3],
+            block_size=bs,
         )
         return (
             torch.tensor(input_ids, dtype=torch.long, device=dev),

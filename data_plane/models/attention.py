@@ -1,9 +1,11 @@
-"""Paged attention over the block-first KV layout (the CPU reference path).
+"""Paged attention over the block-first KV layout (the CPU reference path; also runs on CUDA).
 
-The KV cache is one tensor ``(num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim)``;
-layer ``l`` reads the strided view ``cache[:, l]``. Keys/values of the new tokens are written to
-their slots, then each sequence attends to its context gathered through its block table:
-decodes (one query each) in one padded batch, prefill chunks one sequence at a time.
+The KV cache is one contiguous tensor ``(num_blocks, num_layers, 2, block_size, kv_heads,
+head_dim)``. Viewed as rows of ``(kv_heads, head_dim)``, token ``o`` of block ``b`` for layer
+``l`` and K/V ``kv`` is row ``((b * num_layers + l) * 2 + kv) * block_size + o``. The metadata
+carries every row index for layer 0's K; layer ``l`` adds ``2 * l * block_size`` (V adds
+another ``block_size``), so writing new K/V is one ``index_copy_`` and gathering a context is
+one ``index_select``, with no copy of the strided per-layer view.
 """
 
 from __future__ import annotations
@@ -19,31 +21,34 @@ class AttentionMetadata:
     """Where this batch's tokens go and what each sequence attends to.
 
     Tokens are laid out decodes first (``num_decodes`` sequences, one token each), then the
-    prefill chunks. ``slot_blocks``/``slot_offsets`` give each new token's KV slot.
+    prefill chunks. Row indices are for layer 0's K (see the module docstring).
     """
 
-    slot_blocks: torch.Tensor  # [num_tokens] physical block of each new token
-    slot_offsets: torch.Tensor  # [num_tokens] offset inside that block
+    slot_rows: torch.Tensor  # [num_tokens] cache row of each new token
     num_decodes: int
-    decode_block_tables: torch.Tensor  # [num_decodes, max_blocks] padded with 0
+    decode_rows: torch.Tensor  # [num_decodes, max_context] context rows, padded with 0
     decode_context_lens: torch.Tensor  # [num_decodes] context incl. the new token
     prefill_query_starts: list[int]  # token index where each prefill chunk starts
     prefill_query_lens: list[int]
     prefill_num_computed: list[int]  # tokens already in the cache before the chunk
-    prefill_block_tables: list[torch.Tensor]  # [num_blocks_of_seq] each
+    prefill_rows: list[torch.Tensor]  # [context] rows of each prefill sequence
+    block_size: int
 
 
 def write_kv(
-    layer_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+    cache_rows: torch.Tensor, layer_offset: int, k: torch.Tensor, v: torch.Tensor,
+    meta: AttentionMetadata,
 ) -> None:
     """Store new keys/values ``[num_tokens, num_kv_heads, head_dim]`` in their slots."""
-    layer_cache[:, 0][meta.slot_blocks, meta.slot_offsets] = k
-    layer_cache[:, 1][meta.slot_blocks, meta.slot_offsets] = v
+    rows = meta.slot_rows + layer_offset
+    cache_rows.index_copy_(0, rows, k)
+    cache_rows.index_copy_(0, rows + meta.block_size, v)
 
 
 def paged_attention(
     q: torch.Tensor,
-    layer_cache: torch.Tensor,
+    cache_rows: torch.Tensor,
+    layer_offset: int,
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None,
@@ -52,40 +57,38 @@ def paged_attention(
     out = torch.empty_like(q)
     n_dec = meta.num_decodes
     if n_dec:
-        out[:n_dec] = _decode(q[:n_dec], layer_cache, meta, scale, sliding_window)
-    for start, n_q, n_done, table in zip(
+        rows = meta.decode_rows + layer_offset
+        out[:n_dec] = _decode(q[:n_dec], cache_rows, rows, meta, scale, sliding_window)
+    for start, n_q, n_done, rows in zip(
         meta.prefill_query_starts,
         meta.prefill_query_lens,
         meta.prefill_num_computed,
-        meta.prefill_block_tables,
+        meta.prefill_rows,
         strict=True,
     ):
         out[start : start + n_q] = _prefill(
-            q[start : start + n_q], layer_cache, table, n_done, scale, sliding_window
+            q[start : start + n_q], cache_rows, rows + layer_offset, meta.block_size, n_done,
+            scale, sliding_window,
         )
     return out
 
 
-def _gather(layer_cache: torch.Tensor, tables: torch.Tensor, which: int) -> torch.Tensor:
-    """[..., num_blocks] block ids -> [..., num_blocks * block_size, kv_heads, head_dim]."""
-    gathered = layer_cache[:, which][tables]
-    shape = (*tables.shape[:-1], -1, *gathered.shape[-2:])
-    return gathered.reshape(shape)
-
-
 def _decode(
     q: torch.Tensor,
-    layer_cache: torch.Tensor,
+    cache_rows: torch.Tensor,
+    rows: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor:
     n, num_heads, head_dim = q.shape
-    k = _gather(layer_cache, meta.decode_block_tables, 0)  # [n, S, kvh, d]
-    v = _gather(layer_cache, meta.decode_block_tables, 1)
+    width = rows.shape[1]
+    k = cache_rows.index_select(0, rows.flatten()).view(n, width, -1, head_dim)
+    v = cache_rows.index_select(0, (rows + meta.block_size).flatten()).view(n, width, -1,
+                                                                            head_dim)
     num_kv_heads = k.shape[2]
     group = num_heads // num_kv_heads
-    key_pos = torch.arange(k.shape[1], device=q.device)
+    key_pos = torch.arange(width, device=q.device)
     lens = meta.decode_context_lens.unsqueeze(1)
     mask = key_pos.unsqueeze(0) < lens
     if sliding_window is not None:
@@ -103,16 +106,17 @@ def _decode(
 
 def _prefill(
     q: torch.Tensor,
-    layer_cache: torch.Tensor,
-    table: torch.Tensor,
+    cache_rows: torch.Tensor,
+    rows: torch.Tensor,
+    block_size: int,
     num_computed: int,
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor:
     n_q, num_heads, head_dim = q.shape
     context = num_computed + n_q
-    k = _gather(layer_cache, table, 0)[:context]  # [context, kvh, d]
-    v = _gather(layer_cache, table, 1)[:context]
+    k = cache_rows.index_select(0, rows[:context])  # [context, kvh, d]
+    v = cache_rows.index_select(0, rows[:context] + block_size)
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
     q_pos = torch.arange(num_computed, context, device=q.device).unsqueeze(1)

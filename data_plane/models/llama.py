@@ -73,7 +73,8 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,
         positions: torch.Tensor,
         rotary: Rotary,
-        layer_cache: torch.Tensor,
+        cache_rows: torch.Tensor,
+        layer_offset: int,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         n = x.shape[0]
@@ -82,9 +83,9 @@ class DecoderLayer(nn.Module):
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
         q, k = rotary(positions, q, k)
-        write_kv(layer_cache, k, v, meta)
+        write_kv(cache_rows, layer_offset, k, v, meta)
         scale = self.head_dim**-0.5
-        attn = paged_attention(q, layer_cache, meta, scale, self.sliding_window)
+        attn = paged_attention(q, cache_rows, layer_offset, meta, scale, self.sliding_window)
         x = x + self.o_proj(attn.reshape(n, -1))
         gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
         return x + self.down_proj(F.silu(gate) * up)
@@ -113,9 +114,12 @@ class LlamaModel(nn.Module):
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
-        """``kv_cache``: (num_blocks, num_layers, 2, block_size, kv_heads, head_dim)."""
+        """``kv_cache``: (num_blocks, num_layers, 2, block_size, kv_heads, head_dim),
+        contiguous (the block-first layout)."""
         x = self.embed_tokens(input_ids)
+        cache_rows = kv_cache.view(-1, *kv_cache.shape[-2:])
         for index, layer in enumerate(self.layers):
-            x = layer(x, positions, self.rotary, kv_cache[:, index], meta)
+            offset = 2 * index * meta.block_size
+            x = layer(x, positions, self.rotary, cache_rows, offset, meta)
         x = self.norm(x[logits_indices])
         return self.lm_head(x).float()

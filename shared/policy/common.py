@@ -1,4 +1,11 @@
-"""Arithmetic every policy shares: block counts and packing a running set into one batch."""
+"""Arithmetic every policy shares: block counts and packing a running set into one batch.
+
+Block accounting follows the engine (data_plane/engine/engine.py): it applies a plan's
+preemptions first (their HBM blocks are free at once), then rotations out (their HBM blocks
+stay taken until the D2H copy completes, so they are *not* free this iteration), then resumes
+(each allocates the HBM blocks its KV is copied into) and admissions, and only then allocates
+the blocks of the scheduled chunks, in schedule order.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +29,8 @@ def is_decode(view: RequestView) -> bool:
 
 
 def demand_blocks(view: RequestView, block_size: int) -> int:
-    """blk(r): the HBM blocks ``view`` needs to run (SUPERINFER.md §4)."""
+    """blk(r): the HBM blocks ``view`` needs to run (SUPERINFER.md §4). For a rotary request
+    this is also an upper bound on what resuming it allocates in HBM."""
     if view.state is RequestState.RUNNING:
         return view.num_blocks_hbm
     return blocks_for(view.num_tokens, block_size)
@@ -51,30 +59,72 @@ def split_by_state(
     return running, waiting, rotary
 
 
+def arrival_key(view: RequestView) -> tuple[float, int]:
+    """First come, first served: arrival time, then arrival order."""
+    return (view.t_arr_s, view.arrival_seq)
+
+
+_new_object = object.__new__
+_set_request_id = ScheduledChunk.__dict__["request_id"].__set__  # the slots' descriptors
+_set_num_tokens = ScheduledChunk.__dict__["num_tokens"].__set__
+
+
+def make_chunk(request_id: str, num_tokens: int) -> ScheduledChunk:
+    """``ScheduledChunk(request_id, num_tokens)`` at half the cost: a frozen dataclass's
+    ``__init__`` goes through ``object.__setattr__`` per field; this fills the slots directly.
+    A batch of thousands of decodes is built every iteration."""
+    chunk = _new_object(ScheduledChunk)
+    _set_request_id(chunk, request_id)
+    _set_num_tokens(chunk, num_tokens)
+    return chunk
+
+
 def pack_schedule(
     views: list[RequestView], snapshot: Snapshot, num_free_blocks: int
 ) -> list[ScheduledChunk]:
     """Pack a running set into one batch: decodes first, then prefill chunks, each group in the
-    given order, within the token budget, ``max_num_seqs`` and the free HBM blocks.
+    given order, within the token budget, ``max_num_seqs`` and ``num_free_blocks`` new blocks.
 
-    Requests whose KV is not resident yet (an H2D copy in flight) sit this iteration out.
+    A prefill chunk shrinks to the tokens its blocks can hold; a request that cannot get a
+    single token in is skipped (the rest are still tried). Requests whose KV is not resident
+    yet (an H2D copy in flight) sit this iteration out.
     """
-    decodes = [v for v in views if is_decode(v)]
-    prefills = [v for v in views if not is_decode(v) and num_pending_tokens(v) > 0]
-    token_budget = snapshot.max_num_batched_tokens
+    bs = snapshot.block_size
+    budget = snapshot.max_num_batched_tokens
+    seats = snapshot.max_num_seqs
     schedule: list[ScheduledChunk] = []
-    for view in decodes + prefills:
-        if len(schedule) >= snapshot.max_num_seqs or token_budget <= 0:
+    prefills: list[RequestView] = []
+    add, new, set_id, set_tokens = schedule.append, _new_object, _set_request_id, _set_num_tokens
+    for view in views:  # decodes: one token each, a new block at a block boundary
+        computed = view.num_computed_tokens
+        pending = view.num_tokens - computed
+        if pending != 1 or computed <= 0:
+            if pending > 0:
+                prefills.append(view)
+            continue
+        if seats <= 0 or budget <= 0:
+            return schedule
+        if view.resident:
+            grow = computed // bs + 1 - view.num_blocks_hbm
+            if grow > 0:
+                if grow > num_free_blocks:
+                    continue
+                num_free_blocks -= grow
+            chunk = new(ScheduledChunk)  # make_chunk(view.request_id, 1), inlined
+            set_id(chunk, view.request_id)
+            set_tokens(chunk, 1)
+            add(chunk)
+            budget -= 1
+            seats -= 1
+    for view in prefills:
+        if seats <= 0 or budget <= 0:
             break
-        if not view.resident:
+        computed, held = view.num_computed_tokens, view.num_blocks_hbm
+        num_new = min(view.num_tokens - computed, budget, (held + num_free_blocks) * bs - computed)
+        if num_new <= 0 or not view.resident:
             continue
-        num_new = min(num_pending_tokens(view), token_budget)
-        capacity = (view.num_blocks_hbm + num_free_blocks) * snapshot.block_size
-        num_new = min(num_new, capacity - view.num_computed_tokens)
-        if num_new <= 0:
-            continue
-        need = blocks_for(view.num_computed_tokens + num_new, snapshot.block_size)
-        num_free_blocks -= max(0, need - view.num_blocks_hbm)
-        token_budget -= num_new
-        schedule.append(ScheduledChunk(view.request_id, num_new))
+        num_free_blocks -= max(0, -(-(computed + num_new) // bs) - held)
+        schedule.append(make_chunk(view.request_id, num_new))
+        budget -= num_new
+        seats -= 1
     return schedule

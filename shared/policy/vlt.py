@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from shared.policy.types import Knobs, RequestState, RequestView
+
+_RUNNING = RequestState.RUNNING
+_WAITING = RequestState.WAITING
 
 
 def vlt(view: RequestView, t_now_s: float, knobs: Knobs) -> float:
@@ -11,7 +16,8 @@ def vlt(view: RequestView, t_now_s: float, knobs: Knobs) -> float:
     rotary:  alpha * ReLU(t_now - t_last - beta_B * S_B)
     waiting:         ReLU(t_now - t_arr  - beta_F * S_F)
     running:       -(t_now - t_run)
-    A request's own S_F/S_B (its SLO class) override the global knobs.
+    A request's own S_F/S_B (its SLO class) override the global knobs. A missing t_run or
+    t_last falls back to the arrival time.
     """
     if view.state is RequestState.RUNNING:
         t_run = view.t_run_s if view.t_run_s is not None else view.t_arr_s
@@ -22,3 +28,32 @@ def vlt(view: RequestView, t_now_s: float, knobs: Knobs) -> float:
         return knobs.alpha * max(0.0, t_now_s - t_last - knobs.beta_b * slo_tbt_s)
     slo_ttft_s = view.slo_ttft_s if view.slo_ttft_s is not None else knobs.slo_ttft_s
     return max(0.0, t_now_s - view.t_arr_s - knobs.beta_f * slo_ttft_s)
+
+
+def vlt_scores(views: Sequence[RequestView], t_now_s: float, knobs: Knobs) -> list[float]:
+    """``[vlt(v, t_now_s, knobs) for v in views]``, bit for bit, in one tight loop (the
+    planner's hot path: thousands of requests per iteration)."""
+    alpha = knobs.alpha
+    beta_b, beta_f = knobs.beta_b, knobs.beta_f
+    tol_b, tol_f = beta_b * knobs.slo_tbt_s, beta_f * knobs.slo_ttft_s  # default tolerances
+    scores: list[float] = []
+    append = scores.append
+    for view in views:
+        state = view.state
+        if state is _WAITING:
+            slo = view.slo_ttft_s
+            lag = t_now_s - view.t_arr_s - (tol_f if slo is None else beta_f * slo)
+            append(lag if lag > 0.0 else 0.0)
+        elif state is _RUNNING:
+            t_run = view.t_run_s
+            append(-(t_now_s - (view.t_arr_s if t_run is None else t_run)))
+        else:
+            slo = view.slo_tbt_s
+            t_last = view.t_last_s
+            lag = (
+                t_now_s
+                - (view.t_arr_s if t_last is None else t_last)
+                - (tol_b if slo is None else beta_b * slo)
+            )
+            append(alpha * (lag if lag > 0.0 else 0.0))
+    return scores

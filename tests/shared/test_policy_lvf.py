@@ -1,0 +1,482 @@
+"""VLT (SUPERINFER.md §3) and LVF (§4) on hand-built snapshots, step by step.
+
+Block size 16 throughout; times in seconds with t_now = 10 unless a test says otherwise.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.policy import Knobs, Plan, RequestState, RequestView, Snapshot, make_plan, vlt
+from shared.policy.common import growth_blocks, make_chunk, pack_schedule
+from shared.policy.lvf import _head_scan
+from shared.policy.types import ScheduledChunk
+from shared.policy.vlt import vlt_scores
+
+BS = 16
+T_NOW = 10.0
+LVF = Knobs(policy="lvf")
+
+
+def running(
+    rid: str,
+    *,
+    t_run: float,
+    blocks: int = 2,
+    pending: int = 1,
+    dram: int = 0,
+    resident: bool = True,
+    seq: int = 0,
+    t_last: float | None = T_NOW,
+) -> RequestView:
+    """A running request holding ``blocks`` blocks, computed up to mid-block (a decode needs
+    no new block when ``pending`` is 1), that generated a token at ``t_last``."""
+    computed = blocks * BS - BS // 2
+    return RequestView(
+        rid,
+        RequestState.RUNNING,
+        t_arr_s=t_run - 1.0,
+        num_tokens=computed + pending,
+        num_computed_tokens=computed,
+        num_blocks_hbm=blocks,
+        num_blocks_dram=dram,
+        t_run_s=t_run,
+        t_last_s=t_last,
+        arrival_seq=seq,
+        resident=resident,
+    )
+
+
+def waiting(
+    rid: str, *, t_arr: float, blocks: int = 2, seq: int = 0, slo_ttft: float | None = None
+) -> RequestView:
+    return RequestView(
+        rid,
+        RequestState.WAITING,
+        t_arr_s=t_arr,
+        num_tokens=blocks * BS,
+        arrival_seq=seq,
+        slo_ttft_s=slo_ttft,
+    )
+
+
+def rotary(
+    rid: str, *, t_last: float, blocks: int = 2, seq: int = 0, slo_tbt: float | None = None
+) -> RequestView:
+    """A rotary request whose KV (``blocks`` blocks) sits in DRAM; it needs ``blocks`` blocks
+    back in HBM to run its next decode."""
+    return RequestView(
+        rid,
+        RequestState.ROTARY,
+        t_arr_s=t_last - 5.0,
+        num_tokens=blocks * BS,
+        num_computed_tokens=blocks * BS - 1,
+        num_blocks_dram=blocks,
+        t_run_s=t_last - 4.0,
+        t_last_s=t_last,
+        arrival_seq=seq,
+        slo_tbt_s=slo_tbt,
+    )
+
+
+def snap(
+    *views: RequestView,
+    free: int,
+    xfer: int = 0,
+    dram: int = 1000,
+    seqs: int = 64,
+    budget: int = 8192,
+    t_now: float = T_NOW,
+) -> Snapshot:
+    return Snapshot(
+        t_now_s=t_now,
+        requests=tuple(views),
+        num_free_hbm_blocks=free,
+        num_free_dram_blocks=dram,
+        block_size=BS,
+        max_num_batched_tokens=budget,
+        max_num_seqs=seqs,
+        b_xfer_blocks=xfer,
+    )
+
+
+def ids(chunks: list[ScheduledChunk]) -> list[str]:
+    return [chunk.request_id for chunk in chunks]
+
+
+def check_plan(snapshot: Snapshot, plan: Plan) -> None:
+    """What every LVF plan must satisfy, whatever the scenario."""
+    states = {v.request_id: v for v in snapshot.requests}
+    chosen = plan.admit_ids + plan.resume_ids
+    leaving = plan.rotate_out_ids + plan.preempt_ids
+    assert not set(chosen) & set(leaving)
+    assert len(set(chosen + leaving)) == len(chosen + leaving)
+    staying = sum(v.state is RequestState.RUNNING for v in snapshot.requests) - len(leaving)
+    assert staying + len(chosen) <= snapshot.max_num_seqs
+    assert plan.num_scheduled_tokens <= snapshot.max_num_batched_tokens
+    for chunk in plan.schedule:
+        view = states[chunk.request_id]
+        assert chunk.request_id not in plan.resume_ids and chunk.request_id not in leaving
+        assert view.resident and 1 <= chunk.num_tokens <= view.num_tokens - view.num_computed_tokens
+
+
+# ---- VLT (§3) ------------------------------------------------------------------------------
+
+
+def test_vlt_waiting_lags_only_after_beta_f_times_ttft_slo() -> None:
+    view = waiting("w", t_arr=0.0)
+    assert vlt(view, 10.0, LVF) == pytest.approx(10.0 - 0.5 * 5.0)  # defaults: beta_F 0.5, S_F 5
+    assert vlt(view, 2.5, LVF) == 0.0  # exactly at the tolerance
+    assert vlt(view, 1.0, LVF) == 0.0  # ReLU: never negative
+    assert vlt(view, 10.0, Knobs(beta_f=0.0)) == pytest.approx(10.0)
+    assert vlt(view, 10.0, Knobs(beta_f=1.0)) == pytest.approx(5.0)
+    assert vlt(view, 10.0, Knobs(beta_f=3.0)) == 0.0
+    assert vlt(view, 10.0, Knobs(slo_ttft_s=2.0)) == pytest.approx(9.0)
+    # a request's own SLO class overrides the global S_F
+    assert vlt(waiting("w", t_arr=0.0, slo_ttft=2.0), 10.0, LVF) == pytest.approx(9.0)
+    assert vlt(waiting("w", t_arr=0.0, slo_ttft=30.0), 10.0, LVF) == 0.0
+
+
+def test_vlt_rotary_is_alpha_times_tbt_lag() -> None:
+    view = rotary("r", t_last=9.0)  # last token 1 s ago
+    assert vlt(view, 10.0, LVF) == pytest.approx(3.0)  # alpha 3, beta_B 0
+    assert vlt(view, 10.0, Knobs(alpha=1.0)) == pytest.approx(1.0)
+    assert vlt(view, 10.0, Knobs(alpha=0.0)) == 0.0
+    assert vlt(view, 10.0, Knobs(beta_b=5.0)) == pytest.approx(3.0 * (1.0 - 0.5))  # S_B 0.1
+    assert vlt(view, 10.0, Knobs(beta_b=-2.0)) == pytest.approx(3.0 * (1.0 + 0.2))
+    assert vlt(view, 10.0, Knobs(beta_b=20.0)) == 0.0  # within tolerance: ReLU
+    assert vlt(view, 10.0, Knobs(beta_b=5.0, slo_tbt_s=0.05)) == pytest.approx(3.0 * 0.75)
+    own_slo = rotary("r", t_last=9.0, slo_tbt=0.05)  # its own S_B beats the knob
+    assert vlt(own_slo, 10.0, Knobs(beta_b=5.0, slo_tbt_s=1.0)) == pytest.approx(3.0 * 0.75)
+    never_decoded = RequestView("r", RequestState.ROTARY, t_arr_s=8.0, num_tokens=4)
+    assert vlt(never_decoded, 10.0, LVF) == pytest.approx(6.0)  # t_last falls back to t_arr
+
+
+def test_vlt_running_falls_with_time_in_running() -> None:
+    assert vlt(running("x", t_run=4.0), 10.0, LVF) == pytest.approx(-6.0)
+    assert vlt(running("x", t_run=4.0), 10.0, Knobs(alpha=9.0, beta_f=2.0)) == pytest.approx(-6.0)
+    assert vlt(running("x", t_run=10.0), 10.0, LVF) == 0.0
+    fresh = RequestView("x", RequestState.RUNNING, t_arr_s=7.0, num_tokens=4)
+    assert vlt(fresh, 10.0, LVF) == pytest.approx(-3.0)  # t_run falls back to t_arr
+
+
+def test_vlt_scores_match_vlt_bit_for_bit() -> None:
+    views = [
+        waiting("w1", t_arr=0.3),
+        waiting("w2", t_arr=9.9),
+        waiting("w3", t_arr=1.0, slo_ttft=1.7),
+        rotary("r1", t_last=9.1),
+        rotary("r2", t_last=9.95, slo_tbt=0.03),
+        running("x1", t_run=3.3),
+        RequestView("x2", RequestState.RUNNING, t_arr_s=2.0, num_tokens=3),
+    ]
+    for knobs in (LVF, Knobs(alpha=0.7, beta_b=-1.5, beta_f=1.3, slo_ttft_s=3.0)):
+        assert vlt_scores(views, T_NOW, knobs) == [vlt(v, T_NOW, knobs) for v in views]
+
+
+def test_knobs_reject_invalid_values() -> None:
+    with pytest.raises(ValueError, match="alpha"):
+        Knobs(alpha=-0.1)
+    with pytest.raises(ValueError):
+        Knobs(slo_tbt_s=0.0)
+    with pytest.raises(ValueError, match="b_xfer"):
+        Knobs(b_xfer=-1)
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_plan(snap(free=1), Knobs(policy="sjf"))
+
+
+# ---- step 1: the contention check ----------------------------------------------------------
+
+
+def test_fcfs_fallback_when_free_hbm_after_growth_covers_waiting_and_rotary() -> None:
+    # x decodes at a block boundary: its next token needs a new block (growth 1)
+    x = RequestView(
+        "x",
+        RequestState.RUNNING,
+        t_arr_s=0.0,
+        num_tokens=2 * BS + 1,
+        num_computed_tokens=2 * BS,
+        num_blocks_hbm=2,
+        t_run_s=1.0,
+    )
+    assert growth_blocks(x, snap(x, free=0)) == 1
+    late = waiting("late", t_arr=5.0, blocks=3, seq=2)
+    early = rotary("early", t_last=4.0, blocks=3, seq=1)
+    enough = snap(x, late, early, free=7, xfer=100)  # 7 - 1 >= 3 + 3
+    plan = make_plan(enough, LVF)
+    assert plan.fcfs_fallback
+    assert (plan.resume_ids, plan.admit_ids) == (["early"], ["late"])  # by arrival, not VLT
+    assert not plan.rotate_out_ids and not plan.preempt_ids
+    assert ids(plan.schedule) == ["x", "late"]  # "early" runs once its H2D copy is done
+    check_plan(enough, plan)
+    short = snap(x, late, early, free=6, xfer=100)  # growth counts: 6 - 1 < 6
+    assert not make_plan(short, LVF).fcfs_fallback
+
+
+def test_contention_check_is_exact_at_the_boundary() -> None:
+    # 3 requests of 17 tokens: 51 tokens but 6 blocks (2 each)
+    views = [waiting(f"w{i}", t_arr=float(i)) for i in range(3)]
+    views = [RequestView(v.request_id, v.state, v.t_arr_s, num_tokens=BS + 1) for v in views]
+    assert make_plan(snap(*views, free=6), LVF).fcfs_fallback
+    assert not make_plan(snap(*views, free=5), LVF).fcfs_fallback
+    assert not make_plan(snap(*views, free=3), LVF).fcfs_fallback
+    assert make_plan(snap(free=0), LVF).fcfs_fallback  # nothing to wait for
+
+
+def test_fcfs_fallback_respects_max_num_seqs() -> None:
+    views = [running("x", t_run=1.0)] + [waiting(f"w{i}", t_arr=i, seq=i) for i in range(4)]
+    snapshot = snap(*views, free=100, seqs=3)
+    plan = make_plan(snapshot, LVF)
+    assert plan.fcfs_fallback and plan.admit_ids == ["w0", "w1"]
+    check_plan(snapshot, plan)
+
+
+# ---- step 3: the head scan -----------------------------------------------------------------
+
+
+def test_head_scan_skips_what_does_not_fit_and_keeps_scanning() -> None:
+    a = waiting("a", t_arr=0.0, blocks=6)  # VLT 7.5
+    b = waiting("b", t_arr=1.0, blocks=8)  # VLT 6.5: 8 > 4 left, skipped
+    c = waiting("c", t_arr=2.0, blocks=3)  # VLT 5.5: fits in the 4 left
+    d = waiting("d", t_arr=3.0, blocks=2)  # VLT 4.5: 2 > 1 left, skipped
+    snapshot = snap(d, c, b, a, free=10)  # B_HBM 10 < 19: contention; B_left = 10 + 0
+    plan = make_plan(snapshot, LVF)
+    assert not plan.fcfs_fallback
+    assert plan.admit_ids == ["a", "c"]
+    assert [(ch.request_id, ch.num_tokens) for ch in plan.schedule] == [("a", 96), ("c", 48)]
+    assert not plan.rotate_out_ids  # B_swap = 0 - 1 < 0
+    check_plan(snapshot, plan)
+
+
+def test_head_scan_budget_is_b_hbm_plus_b_xfer_and_seats() -> None:
+    ranked = [waiting(f"w{i}", t_arr=float(i), blocks=4) for i in range(5)]
+    scores = vlt_scores(ranked, T_NOW, LVF)
+    chosen, b_left = _head_scan(ranked, scores, 2 + 10, 64, BS)  # B_HBM 2, B_xfer 10
+    assert [v.request_id for v in chosen] == ["w0", "w1", "w2"] and b_left == 0
+    chosen, b_left = _head_scan(ranked, scores, 12, 2, BS)  # two seats
+    assert [v.request_id for v in chosen] == ["w0", "w1"] and b_left == 4
+    chosen, b_left = _head_scan(ranked, scores, -3, 64, BS)  # running growth ate all HBM
+    assert chosen == [] and b_left == -3
+
+
+def test_waiting_and_rotary_compete_in_one_ranking() -> None:
+    w = waiting("w", t_arr=0.0, blocks=3)  # VLT 7.5
+    r_behind = rotary("r", t_last=7.0, blocks=3)  # VLT 3 * 3 = 9 > 7.5
+    r_close = rotary("r", t_last=8.0, blocks=3)  # VLT 3 * 2 = 6 < 7.5
+    for r, winner in ((r_behind, "r"), (r_close, "w")):
+        for order in ((w, r), (r, w)):  # snapshot order does not matter
+            plan = make_plan(snap(*order, free=4), LVF)  # room for one of them
+            assert plan.resume_ids + plan.admit_ids == [winner]
+    # alpha trades TBT for TTFT: with alpha 1 the same rotary request loses
+    plan = make_plan(snap(w, r_behind, free=4), Knobs(policy="lvf", alpha=1.0))
+    assert plan.admit_ids == ["w"] and plan.resume_ids == []
+
+
+def test_equal_vlt_is_first_come_first_served() -> None:
+    young = [waiting(f"w{i}", t_arr=9.0 + i / 10, seq=i) for i in (3, 1, 2)]  # all VLT 0
+    plan = make_plan(snap(*young, free=4), LVF)
+    assert plan.admit_ids == ["w1", "w2"]
+
+
+def test_beta_f_tolerance_is_a_phase_change_for_young_waiting_requests() -> None:
+    w = waiting("w", t_arr=7.0, blocks=2)  # 3 s old: VLT ReLU(3 - beta_F * 5)
+    r = rotary("r", t_last=9.9, blocks=2)  # VLT 3 * 0.1 = 0.3
+    assert make_plan(snap(w, r, free=2), LVF).admit_ids == ["w"]  # 0.5 > 0.3
+    plan = make_plan(snap(w, r, free=2), Knobs(policy="lvf", beta_f=0.6))  # VLT(w) = 0
+    assert plan.resume_ids == ["r"] and plan.admit_ids == []
+
+
+def test_head_scan_respects_max_num_seqs() -> None:
+    views = [running("x", t_run=9.0), running("y", t_run=9.0)]
+    views += [waiting(f"w{i}", t_arr=float(i), blocks=1, seq=i) for i in range(3)]
+    snapshot = snap(*views, free=2, seqs=3)  # 3 blocks wanted, 2 free: contention
+    plan = make_plan(snapshot, LVF)
+    assert not plan.fcfs_fallback and plan.admit_ids == ["w0"]
+    check_plan(snapshot, plan)
+    full = snap(*views, free=2, seqs=2)
+    assert make_plan(full, LVF).admit_ids == []
+
+
+def test_only_chosen_requests_that_can_act_now_change_state() -> None:
+    # w0 and r are chosen (B_left = 2 + 10) but only 2 blocks are free now: r's H2D copy
+    # would need 4, so it stays rotary; w0 gets a 32-token chunk and is admitted
+    w0 = waiting("w0", t_arr=0.0, blocks=4)  # VLT 7.5
+    r = rotary("r", t_last=8.0, blocks=4)  # VLT 6
+    snapshot = snap(w0, r, free=2, xfer=10)
+    plan = make_plan(snapshot, LVF)
+    assert plan.admit_ids == ["w0"] and plan.resume_ids == []
+    assert [(c.request_id, c.num_tokens) for c in plan.schedule] == [("w0", 32)]
+    check_plan(snapshot, plan)
+
+
+def test_rotary_request_still_rotating_out_is_passed_over() -> None:
+    evicting = RequestView(
+        "r",
+        RequestState.ROTARY,
+        t_arr_s=0.0,
+        num_tokens=2 * BS,
+        num_computed_tokens=2 * BS - 1,
+        num_blocks_hbm=1,  # its unsynced tail block is still being copied out
+        num_blocks_dram=2,
+        t_last_s=5.0,
+    )  # VLT 15: the head of L, but it cannot come back before its D2H copy is done
+    snapshot = snap(evicting, waiting("w", t_arr=0.0, blocks=2), free=2)
+    plan = make_plan(snapshot, LVF)
+    assert plan.resume_ids == [] and plan.admit_ids == ["w"]
+    fcfs = make_plan(snap(evicting, free=10), LVF)
+    assert fcfs.fcfs_fallback and fcfs.resume_ids == []
+
+
+# ---- step 4: the tail scan -----------------------------------------------------------------
+
+
+def tail_scenario(*, dram: int = 1000, xfer: int = 10) -> tuple[Snapshot, list[RequestView]]:
+    """Three running requests of 4 blocks each (no growth), no free HBM, one lagging waiting
+    request of 8 blocks: B_left = 0 + xfer - 8, B_swap = 8."""
+    run = [running("x", t_run=0.0, blocks=4, seq=0), running("y", t_run=5.0, blocks=4, seq=1)]
+    run.append(running("z", t_run=9.0, blocks=4, seq=2))
+    return snap(*run, waiting("w", t_arr=0.0, blocks=8), free=0, xfer=xfer, dram=dram), run
+
+
+def test_tail_scan_rotates_out_longest_running_while_b_swap_is_positive() -> None:
+    snapshot, _ = tail_scenario()
+    plan = make_plan(snapshot, LVF)
+    assert plan.rotate_out_ids == ["x", "y"]  # VLT -10, -5; B_swap 8 -> 4 -> 0, z stays
+    assert not plan.preempt_ids
+    # w was chosen, but the rotated-out blocks are free only after their D2H copy
+    assert plan.admit_ids == [] and ids(plan.schedule) == ["z"]
+    check_plan(snapshot, plan)
+    # next iteration: x and y are rotary (their VLT lags from their last token), 8 blocks free
+    x_rot = rotary("x", t_last=T_NOW, blocks=4)
+    y_rot = rotary("y", t_last=T_NOW, blocks=4)
+    after = snap(
+        running("z", t_run=9.0, blocks=4),
+        x_rot,
+        y_rot,
+        waiting("w", t_arr=0.0, blocks=8),
+        free=8,
+        xfer=10,
+        t_now=T_NOW + 0.05,
+    )
+    plan = make_plan(after, LVF)
+    # all three are chosen (B_left 18 - 16 = 2); w takes the 8 free blocks and is admitted, x
+    # and y wait for room, and B_swap = 10 - 2 = 8 rotates z (VLT -1.05) out to make it
+    assert plan.admit_ids == ["w"] and plan.resume_ids == [] and plan.rotate_out_ids == ["z"]
+    assert plan.schedule == [ScheduledChunk("w", 128)]
+    check_plan(after, plan)
+
+
+def test_tail_scan_needs_b_swap() -> None:
+    snapshot, _ = tail_scenario(xfer=8)  # B_left = 0, B_swap = 8
+    assert make_plan(snapshot, LVF).rotate_out_ids == ["x", "y"]
+    snapshot, _ = tail_scenario(xfer=20)  # B_left = 12, B_swap = 8: same
+    assert make_plan(snapshot, LVF).rotate_out_ids == ["x", "y"]
+    snapshot, _ = tail_scenario(xfer=4)  # w does not fit: B_left = 4, B_swap = 0
+    plan = make_plan(snapshot, LVF)
+    assert not plan.rotate_out_ids and not plan.preempt_ids and not plan.admit_ids
+
+
+def test_tail_scan_stops_at_non_negative_vlt() -> None:
+    run = [running("x", t_run=0.0, blocks=4), running("now", t_run=T_NOW, blocks=4)]
+    snapshot = snap(*run, waiting("w", t_arr=0.0, blocks=8), free=0, xfer=8)  # B_swap 8
+    plan = make_plan(snapshot, LVF)
+    assert plan.rotate_out_ids == ["x"]  # "now" has VLT 0: not < 0
+
+
+def test_tail_scan_passes_over_non_resident_and_blockless_requests() -> None:
+    arriving = running("h2d", t_run=0.0, blocks=4, resident=False)  # just resumed
+    empty = RequestView("empty", RequestState.RUNNING, t_arr_s=0.0, num_tokens=0, t_run_s=0.5)
+    x = running("x", t_run=1.0, blocks=4)
+    snapshot = snap(arriving, empty, x, waiting("w", t_arr=0.0, blocks=4), free=0, xfer=4)
+    plan = make_plan(snapshot, LVF)
+    assert plan.rotate_out_ids == ["x"]
+    assert "h2d" not in ids(plan.schedule)  # not resident: not scheduled either
+    check_plan(snapshot, plan)
+
+
+def test_tail_scan_spares_requests_unserved_since_they_entered_running() -> None:
+    # x was resumed at t=1 but its H2D copy kept it from running: no token since (t_last 0.5)
+    x = running("x", t_run=1.0, blocks=4, t_last=0.5)
+    fresh = running("fresh", t_run=2.0, blocks=4, t_last=None)  # admitted, prefill going on
+    y = running("y", t_run=5.0, blocks=4)
+    snapshot = snap(x, fresh, y, waiting("w", t_arr=0.0, blocks=8), free=0, xfer=8)
+    plan = make_plan(snapshot, LVF)
+    assert plan.rotate_out_ids == ["y"]  # B_swap 8 is left half covered rather than thrash
+    # but a real shortage (running growth > free HBM) may take them: vLLM would preempt too
+    x_full = RequestView(
+        "x",
+        RequestState.RUNNING,
+        t_arr_s=0.0,
+        num_tokens=4 * BS + 1,
+        num_computed_tokens=4 * BS,  # its next token needs a 5th block
+        num_blocks_hbm=4,
+        t_run_s=1.0,
+        t_last_s=0.5,
+    )
+    short = snap(x_full, fresh, free=0, xfer=0)  # B_HBM = -1, B_swap = 1
+    assert make_plan(short, LVF).rotate_out_ids == ["x"]
+
+
+def test_rotate_out_falls_back_to_recompute_without_dram_room() -> None:
+    snapshot, _ = tail_scenario(dram=0)
+    plan = make_plan(snapshot, LVF)
+    assert plan.preempt_ids == ["x", "y"] and plan.rotate_out_ids == []
+    # preempted blocks are free at once: w is admitted in the same step with 8 blocks
+    assert plan.admit_ids == ["w"] and ids(plan.schedule) == ["z", "w"]
+    check_plan(snapshot, plan)
+    # a victim whose blocks are all synced to DRAM already needs no DRAM room
+    run = [running("x", t_run=0.0, blocks=4, dram=4), running("y", t_run=5.0, blocks=4, dram=1)]
+    synced = snap(*run, waiting("w", t_arr=0.0, blocks=8), free=0, xfer=8, dram=0)
+    plan = make_plan(synced, LVF)
+    assert (plan.rotate_out_ids, plan.preempt_ids) == (["x"], ["y"])
+
+
+def test_equal_running_vlt_rotates_the_later_arrival_first() -> None:
+    run = [running(f"x{i}", t_run=1.0, blocks=4, seq=i) for i in range(3)]
+    snapshot = snap(*run, waiting("w", t_arr=0.0, blocks=4), free=0, xfer=4)
+    assert make_plan(snapshot, LVF).rotate_out_ids == ["x2"]  # reversed L: last come first
+
+
+# ---- packing the batch ----------------------------------------------------------------------
+
+
+def test_schedule_decodes_first_then_chunks_within_budget_and_blocks() -> None:
+    prefill = running("p", t_run=8.0, blocks=2, pending=100)
+    d1, d2 = running("d1", t_run=9.0), running("d2", t_run=9.5)
+    fresh = waiting("w", t_arr=0.0, blocks=8)  # does not fit in B_left = 7 - 4 (p's growth)
+    snapshot = snap(prefill, d1, d2, fresh, free=7, budget=64)
+    plan = make_plan(snapshot, LVF)
+    assert [(c.request_id, c.num_tokens) for c in plan.schedule] == [
+        ("d1", 1),
+        ("d2", 1),
+        ("p", 62),
+    ]
+    assert plan.num_scheduled_tokens == 64 and plan.admit_ids == []
+    check_plan(snapshot, plan)
+
+
+def test_chosen_waiting_request_without_a_chunk_keeps_waiting() -> None:
+    d1, d2 = running("d1", t_run=9.0), running("d2", t_run=9.5)
+    w = waiting("w", t_arr=0.0, blocks=3)  # chosen: fits in B_left = 3
+    w_big = waiting("big", t_arr=1.0, blocks=5)  # does not: contention
+    snapshot = snap(d1, d2, w, w_big, free=3, budget=2)  # the decodes take the whole budget
+    plan = make_plan(snapshot, LVF)
+    assert ids(plan.schedule) == ["d1", "d2"] and plan.admit_ids == []
+    assert not plan.rotate_out_ids  # B_swap = 0 - 0
+    plan = make_plan(snap(d1, d2, w, w_big, free=3, budget=50), LVF)
+    assert plan.admit_ids == ["w"] and plan.schedule[-1] == ScheduledChunk("w", 48)
+
+
+def test_pack_schedule_shrinks_prefill_to_free_blocks_and_skips_non_resident() -> None:
+    p = waiting("p", t_arr=0.0, blocks=10)
+    h2d = running("h2d", t_run=0.0, resident=False)
+    snapshot = snap(h2d, p, free=3)
+    assert pack_schedule([h2d, p], snapshot, 3) == [ScheduledChunk("p", 48)]
+    assert pack_schedule([h2d, p], snapshot, 0) == []
+
+
+def test_make_chunk_equals_the_dataclass() -> None:
+    chunk = make_chunk("a", 3)
+    assert chunk == ScheduledChunk("a", 3) and hash(chunk) == hash(ScheduledChunk("a", 3))
+    with pytest.raises(AttributeError):
+        chunk.num_tokens = 4  # type: ignore[misc]
