@@ -56,6 +56,55 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_plane(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from data_plane.main import serve
+    from data_plane.settings import WorkerSettings
+    from shared.logs import configure_logging
+    from shared.runtime import run_until_signalled
+
+    overrides = {k: v for k, v in vars(args).items()
+                 if k in WorkerSettings.model_fields and v is not None}
+    settings = WorkerSettings(**overrides)
+    configure_logging()
+    asyncio.run(run_until_signalled(lambda stop: serve(settings, stop)))
+    return 0
+
+
+def _control_plane(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from control_plane.main import serve
+    from control_plane.settings import ControlPlaneSettings
+    from shared.logs import configure_logging
+    from shared.runtime import run_until_signalled
+
+    overrides = {k: v for k, v in vars(args).items()
+                 if k in ControlPlaneSettings.model_fields and v is not None}
+    settings = ControlPlaneSettings(**overrides)
+    configure_logging()
+    asyncio.run(run_until_signalled(lambda stop: serve(settings, stop)))
+    return 0
+
+
+def _add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    worker = sub.add_parser("data-plane", help="the engine as a worker on Redis streams")
+    worker.add_argument("--worker-id", default=None)
+    worker.add_argument("--redis-url", default=None)
+    for flag, kind in (("--model", str), ("--tokenizer", str), ("--dtype", str),
+                       ("--device", str), ("--block-size", int), ("--hbm-kv-gib", float),
+                       ("--dram-kv-gib", float), ("--num-hbm-blocks", int),
+                       ("--num-dram-blocks", int), ("--max-num-batched-tokens", int),
+                       ("--max-num-seqs", int), ("--transfer-backend", str), ("--policy", str),
+                       ("--b-xfer", int), ("--plan-max-age-iterations", int)):
+        worker.add_argument(flag, type=kind, default=None)
+    worker.set_defaults(func=_data_plane)
+    control = sub.add_parser("control-plane", help="VLT/LVF planning service")
+    control.add_argument("--redis-url", default=None)
+    control.set_defaults(func=_control_plane)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="superinfer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -69,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--json", action="store_true", help="one JSON line per prompt")
     gen.set_defaults(func=_generate)
+    _add_service_parsers(sub)
     return parser
 
 

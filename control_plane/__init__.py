@@ -1,0 +1,1 @@
+"""The control plane: reads worker snapshots, computes VLT/LVF plans, publishes them."""

@@ -1,0 +1,145 @@
+"""`superinfer control-plane`: plan every worker's next iteration from its latest snapshot.
+
+Snapshots arrive on one stream; only the newest per worker matters (older ones are skipped, so
+a slow control plane never falls behind). Plans go to each worker's plan stream. The knobs live
+in a Redis hash with a version and are reloaded when the version changes. The service keeps no
+state that a restart would lose: it resumes from the next snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from control_plane.settings import ControlPlaneSettings
+from shared import streams
+from shared.knobs import read_knobs
+from shared.policy import Knobs, RequestState, RequestView, Snapshot, make_plan
+from shared.protocol import ProtocolError, RotationPlan, StateSnapshot, decode, encode
+
+log = structlog.get_logger(__name__)
+
+
+def to_policy_snapshot(msg: StateSnapshot, b_xfer_blocks: int) -> Snapshot:
+    views = tuple(
+        RequestView(
+            request_id=r.request_id, state=RequestState(r.state), t_arr_s=r.t_arr_s,
+            num_tokens=r.num_tokens, num_computed_tokens=r.num_computed_tokens,
+            num_blocks_hbm=r.num_blocks_hbm, num_blocks_dram=r.num_blocks_dram,
+            t_run_s=r.t_run_s, t_last_s=r.t_last_s, priority=r.priority,
+            arrival_seq=r.arrival_seq, slo_ttft_s=r.slo_ttft_s, slo_tbt_s=r.slo_tbt_s,
+            resident=r.resident,
+        )
+        for r in msg.requests
+    )
+    return Snapshot(
+        t_now_s=msg.t_now_s, requests=views, num_free_hbm_blocks=msg.num_free_hbm_blocks,
+        num_free_dram_blocks=msg.num_free_dram_blocks, block_size=msg.block_size,
+        max_num_batched_tokens=msg.max_num_batched_tokens, max_num_seqs=msg.max_num_seqs,
+        b_xfer_blocks=b_xfer_blocks, iteration=msg.iteration,
+    )
+
+
+def resolve_b_xfer(knobs: Knobs, msg: StateSnapshot) -> int:
+    """A fixed budget, or ``auto``: measured link bandwidth x iteration time, in blocks (the
+    worker's current budget while no bandwidth has been measured)."""
+    if knobs.b_xfer is not None:
+        return knobs.b_xfer
+    if msg.link_bytes_per_s <= 0 or msg.block_bytes <= 0:
+        return msg.b_xfer_blocks
+    return max(1, int(msg.link_bytes_per_s * msg.iteration_time_s / msg.block_bytes))
+
+
+def plan_for(msg: StateSnapshot, knobs: Knobs, knobs_version: int) -> RotationPlan:
+    b_xfer = resolve_b_xfer(knobs, msg)
+    plan = make_plan(to_policy_snapshot(msg, b_xfer), knobs)
+    return RotationPlan(
+        worker_id=msg.worker_id, epoch=msg.epoch, snapshot_iteration=msg.iteration,
+        knobs_version=knobs_version, policy=knobs.policy, admit_ids=plan.admit_ids,
+        resume_ids=plan.resume_ids, rotate_out_ids=plan.rotate_out_ids,
+        preempt_ids=plan.preempt_ids, fcfs_fallback=plan.fcfs_fallback,
+        t_planned_s=time.time(), b_xfer_blocks=b_xfer,
+    )
+
+
+class ControlPlane:
+    def __init__(self, settings: ControlPlaneSettings, redis: Redis) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.knobs = Knobs()
+        self.knobs_version = -1
+        self.num_plans = 0
+        self.num_malformed = 0
+        self._last_id = "$"
+        self._knobs_checked_s = 0.0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        log.info("control_plane_started")
+        backoff_s = 0.05
+        while not stop.is_set():
+            try:
+                await self._iterate()
+                backoff_s = 0.05
+            except RedisError as exc:  # Redis away or restarted: back off, never die of it
+                log.error("redis_error", error=str(exc), retry_in_s=backoff_s)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(2.0, backoff_s * 2)
+        log.info("control_plane_stopped", num_plans=self.num_plans)
+
+    async def _iterate(self) -> None:
+        if self.knobs_version < 0:
+            await self._reload_knobs(force=True)
+        await self._heartbeat_and_knobs()
+        response = await self.redis.xread({streams.SNAPSHOTS_STREAM: self._last_id},
+                                          count=512, block=self.settings.read_block_ms)
+        newest: dict[str, StateSnapshot] = {}
+        for _, entries in response or []:
+            for entry_id, fields in entries:
+                self._last_id = entry_id
+                try:
+                    msg = decode(fields.get(b"m", b""), StateSnapshot)
+                except ProtocolError as exc:
+                    self.num_malformed += 1
+                    log.error("malformed_snapshot", entry_id=entry_id, error=str(exc))
+                    continue
+                newest[msg.worker_id] = msg
+        if newest:
+            await self._publish_plans(list(newest.values()))
+
+    async def _publish_plans(self, snapshots: list[StateSnapshot]) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for msg in snapshots:
+                try:
+                    plan = plan_for(msg, self.knobs, self.knobs_version)
+                except (ValueError, KeyError) as exc:  # e.g. an unknown state string
+                    self.num_malformed += 1
+                    log.error("unplannable_snapshot", worker_id=msg.worker_id, error=str(exc))
+                    continue
+                pipe.xadd(streams.worker_plans_stream(msg.worker_id), {"m": encode(plan)},
+                          maxlen=streams.MAXLEN_PLANS, approximate=True)
+                self.num_plans += 1
+            await pipe.execute()
+
+    async def _heartbeat_and_knobs(self) -> None:
+        now = time.monotonic()
+        if now - self._knobs_checked_s < self.settings.knobs_poll_s:
+            return
+        self._knobs_checked_s = now
+        await self.redis.set(streams.CONTROL_PLANE_HEARTBEAT_KEY, str(time.time()),
+                             ex=self.settings.heartbeat_ttl_s)
+        await self._reload_knobs()
+
+    async def _reload_knobs(self, force: bool = False) -> None:
+        version = int(await self.redis.hget(streams.KNOBS_KEY, "version") or 0)
+        if version == self.knobs_version and not force:
+            return
+        try:
+            self.knobs, self.knobs_version = await read_knobs(self.redis)
+        except ValueError as exc:  # written around the validating path: keep the old knobs
+            log.error("invalid_knobs_in_redis", error=str(exc))
+            return
+        log.info("knobs_loaded", version=self.knobs_version, policy=self.knobs.policy)

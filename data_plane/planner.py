@@ -1,0 +1,56 @@
+"""The worker's planner: the control plane's newest plan when it is fresh, else the same
+``shared.policy`` code run locally. Switches are logged both ways."""
+
+from __future__ import annotations
+
+import structlog
+
+from shared.policy import Knobs, Plan, Snapshot, make_plan
+from shared.policy.remote import fit_plan
+from shared.protocol import RotationPlan
+
+log = structlog.get_logger(__name__)
+
+
+class HybridPlanner:
+    def __init__(self, knobs: Knobs, max_age_iterations: int, epoch: str) -> None:
+        self.knobs = knobs
+        self.epoch = epoch
+        self.max_age_iterations = max_age_iterations
+        self.remote: RotationPlan | None = None
+        self._remote_applied = True
+        self.source = "local"
+        self.num_remote = 0
+        self.num_local = 0
+        self.last_snapshot: Snapshot | None = None
+
+    def offer(self, plan: RotationPlan) -> None:
+        """A plan arrived from the control plane (keep only the newest of this incarnation)."""
+        if plan.epoch != self.epoch:
+            return
+        if self.remote is None or plan.snapshot_iteration > self.remote.snapshot_iteration:
+            self.remote = plan
+            self._remote_applied = False
+
+    def __call__(self, snapshot: Snapshot) -> Plan:
+        self.last_snapshot = snapshot
+        remote = self.remote
+        fresh = remote is not None and (
+            0 <= snapshot.iteration - remote.snapshot_iteration <= self.max_age_iterations
+        )
+        self._switch("remote" if fresh else "local", snapshot.iteration)
+        if remote is None or not fresh:
+            self.num_local += 1
+            return make_plan(snapshot, self.knobs)
+        self.num_remote += 1
+        if self._remote_applied:  # already executed: keep running, wait for the next plan
+            return fit_plan(snapshot, [], [], [], [])
+        self._remote_applied = True
+        return fit_plan(snapshot, remote.admit_ids, remote.resume_ids, remote.rotate_out_ids,
+                        remote.preempt_ids)
+
+    def _switch(self, source: str, iteration: int) -> None:
+        if source != self.source:
+            log.info("plan_source_changed", source=source, previous=self.source,
+                     iteration=iteration)
+            self.source = source

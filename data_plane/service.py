@@ -1,0 +1,200 @@
+"""`superinfer data-plane`: the engine as an asyncio service on Redis streams.
+
+Each loop: take new requests from this worker's stream through its consumer group (XACK once
+the engine owns a request, so a crash before that leaves it pending for redelivery), take the
+newest plan, run one engine iteration in a thread, publish token outputs to each request's
+reply stream and the iteration's snapshot to the control plane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError, ResponseError
+
+from data_plane.engine.engine import Engine
+from data_plane.engine.request import RequestError, RequestOutput
+from data_plane.engine.sampling import SamplingParams
+from data_plane.kv.tiered import TieredKVCacheManager
+from data_plane.planner import HybridPlanner
+from data_plane.settings import WorkerSettings
+from data_plane.snapshot import snapshot_message
+from shared import streams
+from shared.knobs import read_knobs
+from shared.policy import Knobs
+from shared.protocol import (
+    AbortRequest,
+    ProtocolError,
+    RotationPlan,
+    SubmitRequest,
+    TokenOutput,
+    decode,
+    encode,
+)
+
+log = structlog.get_logger(__name__)
+
+
+class Worker:
+    def __init__(
+        self, settings: WorkerSettings, engine: Engine, redis: Redis, block_bytes: int
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.redis = redis
+        self.block_bytes = block_bytes
+        self.epoch = uuid.uuid4().hex[:12]
+        knobs = Knobs(policy=settings.policy, b_xfer=settings.b_xfer)
+        self.planner = HybridPlanner(knobs, settings.plan_max_age_iterations, self.epoch)
+        engine.planner = self.planner
+        self.requests_stream = streams.worker_requests_stream(settings.worker_id)
+        self.plans_stream = streams.worker_plans_stream(settings.worker_id)
+        self._reply: dict[str, tuple[str, int]] = {}  # request id -> (stream, tokens sent)
+        self._last_plan_id = "0-0"
+        self._knobs_version = -1
+        self._last_heartbeat_s = 0.0
+        self.num_iterations = 0
+        self.num_malformed = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self._ensure_group()
+        await self._read_requests(pending=True)
+        log.info("worker_started", worker_id=self.settings.worker_id, epoch=self.epoch)
+        backoff_s = 0.05
+        while not stop.is_set():
+            try:
+                await self._iterate()
+                backoff_s = 0.05
+            except RedisError as exc:  # Redis away or restarted: back off, never die of it
+                log.error("redis_error", error=str(exc), retry_in_s=backoff_s)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(2.0, backoff_s * 2)
+                if "NOGROUP" in str(exc) or "no longer exists" in str(exc):
+                    await self._ensure_group()
+        log.info("worker_stopped", worker_id=self.settings.worker_id)
+
+    async def _iterate(self) -> None:
+        busy = self.engine.has_unfinished()
+        await self._read_requests(block_ms=None if busy else self.settings.idle_block_ms)
+        await self._read_plans()
+        await self._heartbeat()
+        if not self.engine.has_unfinished():
+            return
+        t_start = time.perf_counter()
+        outputs = await asyncio.to_thread(self.engine.step)
+        self.num_iterations += 1
+        await self._publish(outputs, time.perf_counter() - t_start)
+
+    async def _ensure_group(self) -> None:
+        try:
+            await self.redis.xgroup_create(self.requests_stream, streams.WORKER_GROUP, id="0",
+                                           mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def _read_requests(self, block_ms: int | None = None, pending: bool = False) -> None:
+        response = await self.redis.xreadgroup(
+            streams.WORKER_GROUP, self.settings.worker_id,
+            {self.requests_stream: "0" if pending else ">"},
+            count=self.settings.read_batch, block=block_ms,
+        )
+        for _, entries in response or []:
+            for entry_id, fields in entries:
+                await self._accept(entry_id, fields)
+
+    async def _accept(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+        try:
+            msg = decode(fields.get(b"m", b""))
+        except ProtocolError as exc:
+            self.num_malformed += 1
+            log.error("malformed_request_message", entry_id=entry_id, error=str(exc))
+            await self.redis.xack(self.requests_stream, streams.WORKER_GROUP, entry_id)
+            return
+        if isinstance(msg, SubmitRequest):
+            await self._submit(msg)
+        elif isinstance(msg, AbortRequest):
+            if self.engine.abort(msg.request_id):
+                log.info("request_aborted", request_id=msg.request_id)
+        else:
+            log.error("unexpected_message", entry_id=entry_id, type=type(msg).__name__)
+        await self.redis.xack(self.requests_stream, streams.WORKER_GROUP, entry_id)
+
+    async def _submit(self, msg: SubmitRequest) -> None:
+        if msg.request_id in self._reply:
+            return  # a redelivered duplicate of a request the engine already owns
+        try:
+            params = SamplingParams(
+                max_tokens=msg.max_tokens, temperature=msg.temperature, top_p=msg.top_p,
+                top_k=msg.top_k, seed=msg.seed, stop_token_ids=tuple(msg.stop_token_ids or ()),
+                ignore_eos=msg.ignore_eos,
+            )
+            self.engine.add_request(
+                msg.request_id, msg.prompt_token_ids, params, priority=msg.priority,
+                slo_ttft_s=msg.slo_ttft_s, slo_tbt_s=msg.slo_tbt_s, t_arr_s=msg.t_arr_s,
+            )
+        except (RequestError, ValueError) as exc:
+            log.warning("request_rejected", request_id=msg.request_id, error=str(exc))
+            error = TokenOutput(msg.request_id, 0, [], "error", str(exc))
+            await self._xadd(msg.reply_stream, encode(error), streams.MAXLEN_OUTPUTS)
+            return
+        self._reply[msg.request_id] = (msg.reply_stream, 0)
+        log.info("request_admitted", request_id=msg.request_id,
+                 num_prompt_tokens=len(msg.prompt_token_ids))
+
+    async def _read_plans(self) -> None:
+        response = await self.redis.xread({self.plans_stream: self._last_plan_id}, count=64)
+        for _, entries in response or []:
+            for entry_id, fields in entries:
+                self._last_plan_id = entry_id
+                try:
+                    plan = decode(fields.get(b"m", b""), RotationPlan)
+                except ProtocolError as exc:
+                    self.num_malformed += 1
+                    log.error("malformed_plan_message", entry_id=entry_id, error=str(exc))
+                    continue
+                self.planner.offer(plan)
+                if isinstance(self.engine.kv, TieredKVCacheManager):
+                    self.engine.kv.b_xfer_blocks = max(1, plan.b_xfer_blocks)
+
+    async def _heartbeat(self) -> None:
+        now = time.time()
+        if now - self._last_heartbeat_s < 1.0:
+            return
+        self._last_heartbeat_s = now
+        await self.redis.hset(streams.WORKERS_KEY, self.settings.worker_id, str(now))
+        knobs, version = await read_knobs(self.redis)
+        if version != self._knobs_version and version > 0:
+            self.planner.knobs = knobs
+            self._knobs_version = version
+            log.info("knobs_reloaded", version=version, policy=knobs.policy)
+
+    async def _publish(self, outputs: list[RequestOutput], iteration_time_s: float) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for out in outputs:
+                stream, sent = self._reply.get(out.request_id, (None, 0))
+                if stream is None:
+                    continue
+                error = out.error if out.finish_reason != "abort" else None
+                msg = TokenOutput(out.request_id, sent, out.new_token_ids,
+                                  out.finish_reason.value if out.finish_reason else None, error)
+                pipe.xadd(stream, {"m": encode(msg)}, maxlen=streams.MAXLEN_OUTPUTS,
+                          approximate=True)
+                if out.finished:
+                    del self._reply[out.request_id]
+                else:
+                    self._reply[out.request_id] = (stream, sent + len(out.new_token_ids))
+            snapshot = self.planner.last_snapshot
+            if snapshot is not None:
+                msg_bytes = encode(snapshot_message(self, snapshot, iteration_time_s))
+                pipe.xadd(streams.SNAPSHOTS_STREAM, {"m": msg_bytes},
+                          maxlen=streams.MAXLEN_SNAPSHOTS, approximate=True)
+            await pipe.execute()
+
+    async def _xadd(self, stream: str, data: bytes, maxlen: int) -> Any:
+        return await self.redis.xadd(stream, {"m": data}, maxlen=maxlen, approximate=True)

@@ -1,0 +1,29 @@
+"""Worker settings (env prefix ``SUPERINFER_``), built in ``main()`` and passed down."""
+
+from __future__ import annotations
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SUPERINFER_")
+
+    worker_id: str = "worker-0"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    model: str = "tiny-random"
+    tokenizer: str | None = None
+    dtype: str | None = None
+    device: str = "cpu"
+    block_size: int = 16
+    hbm_kv_gib: float = 0.25
+    dram_kv_gib: float = 0.0
+    num_hbm_blocks: int | None = None
+    num_dram_blocks: int | None = None
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    transfer_backend: str = "cpu"
+    policy: str = "vllm"  # used for local planning until the control plane's knobs arrive
+    b_xfer: int = 2400
+    plan_max_age_iterations: int = 4  # older remote plans are ignored; the worker plans locally
+    read_batch: int = 256  # requests taken from the stream per iteration
+    idle_block_ms: int = 50

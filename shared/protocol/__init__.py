@@ -1,0 +1,29 @@
+"""Wire messages between the services: msgpack, typed, versioned; malformed input raises
+:class:`ProtocolError` (callers log and skip it)."""
+
+from __future__ import annotations
+
+from shared.protocol.codec import SCHEMA_VERSION, ProtocolError, decode, encode
+from shared.protocol.messages import (
+    AbortRequest,
+    KnobsChanged,
+    RequestRow,
+    RotationPlan,
+    StateSnapshot,
+    SubmitRequest,
+    TokenOutput,
+)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "AbortRequest",
+    "KnobsChanged",
+    "ProtocolError",
+    "RequestRow",
+    "RotationPlan",
+    "StateSnapshot",
+    "SubmitRequest",
+    "TokenOutput",
+    "decode",
+    "encode",
+]

@@ -1,0 +1,131 @@
+"""msgpack codec for the wire dataclasses: ``{"v": version, "t": type, "d": [fields...]}``.
+
+Fields travel as a positional array (small on the wire); nested message dataclasses likewise.
+Decoding checks the version, the type tag, the field count and every field's type against the
+dataclass annotations, so a malformed message never reaches service code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, TypeVar
+
+import msgpack
+
+SCHEMA_VERSION = 1
+T = TypeVar("T")
+_REGISTRY: dict[str, type] = {}
+_HINTS: dict[type, list[tuple[str, Any]]] = {}
+
+
+class ProtocolError(ValueError):
+    """A message that cannot be decoded into the expected type."""
+
+
+def message(tag: str) -> typing.Callable[[type[T]], type[T]]:
+    """Register a frozen dataclass as a wire message under ``tag``."""
+
+    def register(cls: type[T]) -> type[T]:
+        _REGISTRY[tag] = cls
+        cls.TYPE = tag  # type: ignore[attr-defined]
+        return cls
+
+    return register
+
+
+def _fields(cls: type) -> list[tuple[str, Any]]:
+    if cls not in _HINTS:
+        hints = typing.get_type_hints(cls)
+        _HINTS[cls] = [(f.name, hints[f.name]) for f in dataclasses.fields(cls)]
+    return _HINTS[cls]
+
+
+def _to_wire(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [_to_wire(getattr(value, name)) for name, _ in _fields(type(value))]
+    if isinstance(value, list | tuple):
+        return [_to_wire(v) for v in value]
+    return value
+
+
+def encode(msg: Any) -> bytes:
+    tag = getattr(type(msg), "TYPE", None)
+    if tag is None:
+        raise TypeError(f"{type(msg).__name__} is not a wire message")
+    return msgpack.packb({"v": SCHEMA_VERSION, "t": tag, "d": _to_wire(msg)}, use_bin_type=True)
+
+
+def decode(data: bytes, expected: type[T] | None = None) -> T:
+    """Decode ``data``; with ``expected`` the message must be of that type."""
+    try:
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several exception types on garbage
+        raise ProtocolError(f"not msgpack: {exc}") from exc
+    if not isinstance(raw, dict) or set(raw) != {"v", "t", "d"}:
+        raise ProtocolError("envelope must be a map with keys v, t, d")
+    if raw["v"] != SCHEMA_VERSION:
+        raise ProtocolError(f"schema_version {raw['v']!r} is not {SCHEMA_VERSION}")
+    cls = _REGISTRY.get(raw["t"]) if isinstance(raw["t"], str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown message type {raw['t']!r}")
+    if expected is not None and cls is not expected:
+        raise ProtocolError(f"expected {expected.TYPE}, got {raw['t']}")  # type: ignore[attr-defined]
+    return typing.cast(T, _build(cls, raw["d"], cls.__name__))
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    fields = _fields(cls)
+    if not isinstance(data, list) or len(data) != len(fields):
+        raise ProtocolError(f"{path}: expected {len(fields)} fields")
+    values = {name: _check(hint, value, f"{path}.{name}")
+              for (name, hint), value in zip(fields, data, strict=True)}
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"{path}: {exc}") from exc
+
+
+def _check(hint: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(hint):
+            try:
+                return _check(option, value, path)
+            except ProtocolError:
+                continue
+        raise ProtocolError(f"{path}: {value!r} does not match {hint}")
+    if hint is type(None):
+        if value is not None:
+            raise ProtocolError(f"{path}: expected null")
+        return None
+    if origin in (list, tuple):
+        (item,) = typing.get_args(hint)[:1]
+        if not isinstance(value, list):
+            raise ProtocolError(f"{path}: expected an array")
+        items = [_check(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, path)  # type: ignore[arg-type]
+    return _scalar(hint, value, path)
+
+
+def _scalar(hint: Any, value: Any, path: str) -> Any:
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ProtocolError(f"{path}: expected a boolean")
+        return value
+    if hint is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ProtocolError(f"{path}: expected an integer")
+        return value
+    if hint is float:
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ProtocolError(f"{path}: expected a number")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ProtocolError(f"{path}: expected a string")
+        return value
+    raise ProtocolError(f"{path}: unsupported field type {hint}")

@@ -1,0 +1,38 @@
+"""Every Redis stream and key name SuperInfer uses, in one place."""
+
+from __future__ import annotations
+
+PREFIX = "superinfer"
+
+# Redis hash holding the SLO knobs and their version (written validated by the admin path).
+KNOBS_KEY = f"{PREFIX}:knobs"
+# Stream of every worker's per-iteration state snapshots, read by the control plane.
+SNAPSHOTS_STREAM = f"{PREFIX}:snapshots"
+# Hash worker id -> last heartbeat (unix seconds), for readiness and routing.
+WORKERS_KEY = f"{PREFIX}:workers"
+# Key the control plane refreshes (with a TTL) while it runs.
+CONTROL_PLANE_HEARTBEAT_KEY = f"{PREFIX}:control-plane:alive"
+# Consumer group of a worker on its own request stream.
+WORKER_GROUP = "worker"
+
+
+def worker_requests_stream(worker_id: str) -> str:
+    """Requests and aborts for one worker (read through the consumer group)."""
+    return f"{PREFIX}:worker:{worker_id}:requests"
+
+
+def worker_plans_stream(worker_id: str) -> str:
+    """Rotation plans for one worker, written by the control plane."""
+    return f"{PREFIX}:worker:{worker_id}:plans"
+
+
+def gateway_outputs_stream(gateway_id: str) -> str:
+    """Token outputs for the requests one gateway (or client) submitted."""
+    return f"{PREFIX}:gateway:{gateway_id}:outputs"
+
+
+# Stream lengths are capped (approximate MAXLEN) so Redis memory stays bounded in long runs.
+MAXLEN_REQUESTS = 100_000
+MAXLEN_PLANS = 1_000
+MAXLEN_SNAPSHOTS = 1_000
+MAXLEN_OUTPUTS = 100_000

@@ -1,0 +1,243 @@
+"""Control plane and worker as services over a real Redis: token streams equal the offline
+engine's, the worker survives a control-plane crash, redelivery, malformed messages, knobs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from control_plane.service import ControlPlane
+from control_plane.settings import ControlPlaneSettings
+from data_plane.engine.config import EngineConfig
+from data_plane.engine.llm import build_engine, generate
+from data_plane.engine.sampling import SamplingParams
+from data_plane.main import build_worker_engine
+from data_plane.models import load_model
+from data_plane.service import Worker
+from data_plane.settings import WorkerSettings
+from shared import streams
+from shared.knobs import write_knobs
+from shared.protocol import SubmitRequest, TokenOutput, decode, encode
+from tests.redis_support import redis_client, redis_url  # noqa: F401
+
+REPLY = "superinfer:gateway:test:outputs"
+PROMPTS = ["Tim had a dog", "", "The sun was hot", "Lily and Ben", "One day a big", "Mom said"]
+
+
+def _params(index: int) -> SamplingParams:
+    if index % 2:
+        return SamplingParams(max_tokens=30, temperature=0.8, seed=index, ignore_eos=True)
+    return SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+
+
+def _submit(index: int, tokens: list[int], worker_id: str = "w0") -> SubmitRequest:
+    p = _params(index)
+    return SubmitRequest(f"req-{index}", tokens, REPLY, time.time(), p.max_tokens,
+                         p.temperature, p.top_p, p.top_k, p.seed, None, p.ignore_eos)
+
+
+@pytest.fixture(scope="module")
+def stories_setup(stories_path: Path):
+    loaded = load_model(str(stories_path))
+    prompts = [loaded.tokenizer.encode(t) for t in PROMPTS]
+    engine = build_engine(loaded, EngineConfig(block_size=4, num_hbm_blocks=1024))
+    offline = generate(engine, prompts, [_params(i) for i in range(len(prompts))])
+    return prompts, [r.token_ids for r in offline]
+
+
+def _worker_settings(stories_path: Path, **overrides) -> WorkerSettings:
+    values = dict(worker_id="w0", redis_url=redis_url(), model=str(stories_path), block_size=4,
+                  num_hbm_blocks=36, num_dram_blocks=400, max_num_batched_tokens=16,
+                  policy="lvf", b_xfer=64, plan_max_age_iterations=3, idle_block_ms=20)
+    values.update(overrides)
+    return WorkerSettings(**values)
+
+
+class Services:
+    def __init__(self, redis: Redis, settings: WorkerSettings) -> None:
+        self.redis = redis  # the test's own client; each service gets its own, as processes do
+        self.worker_redis = Redis.from_url(redis_url())
+        self.cp_redis: Redis | None = None
+        engine, block_bytes = build_worker_engine(settings)
+        self.worker = Worker(settings, engine, self.worker_redis, block_bytes)
+        self.worker_stop = asyncio.Event()
+        self.worker_task = asyncio.create_task(self.worker.run(self.worker_stop))
+        self.cp: ControlPlane | None = None
+        self.cp_task: asyncio.Task[None] | None = None
+
+    def start_control_plane(self) -> None:
+        settings = ControlPlaneSettings(redis_url=redis_url(), read_block_ms=20,
+                                        knobs_poll_s=0.05)
+        self.cp_redis = Redis.from_url(redis_url())
+        self.cp = ControlPlane(settings, self.cp_redis)
+        self.cp_stop = asyncio.Event()
+        self.cp_task = asyncio.create_task(self.cp.run(self.cp_stop))
+
+    async def kill_control_plane(self) -> None:
+        """Like kill -9: the task dies mid-command and closes nothing."""
+        assert self.cp_task is not None
+        self.cp_task.cancel()
+        await asyncio.wait([self.cp_task], timeout=2)
+
+    async def stop_control_plane(self) -> None:
+        assert self.cp_task is not None and self.cp_redis is not None
+        self.cp_stop.set()
+        await self.cp_task
+        await self.cp_redis.aclose()
+
+    async def stop(self) -> None:
+        self.worker_stop.set()
+        await self.worker_task
+        self.worker.engine.close()
+        await self.worker_redis.aclose()
+
+        if self.cp_task is not None and not self.cp_task.done():
+            await self.stop_control_plane()
+
+
+async def _push(redis: Redis, msgs: list, worker_id: str = "w0") -> None:
+    for msg in msgs:
+        await redis.xadd(streams.worker_requests_stream(worker_id), {"m": encode(msg)})
+
+
+async def _collect(redis: Redis, request_ids: set[str], timeout_s: float = 30.0,
+                   during=None) -> dict[str, list[int]]:
+    tokens: dict[str, list[int]] = {r: [] for r in request_ids}
+    finished: set[str] = set()
+    last = "0-0"
+    deadline = time.monotonic() + timeout_s
+    while finished != request_ids:
+        assert time.monotonic() < deadline, f"timed out; finished {sorted(finished)} {during}"
+        response = await redis.xread({REPLY: last}, count=256, block=100)
+        for _, entries in response or []:
+            for entry_id, fields in entries:
+                last = entry_id
+                out = decode(fields[b"m"], TokenOutput)
+                if out.request_id not in tokens:
+                    continue  # an earlier phase's request
+                assert out.index == len(tokens[out.request_id]), "duplicate or missing tokens"
+                tokens[out.request_id].extend(out.token_ids)
+                if out.finish_reason is not None:
+                    assert out.error is None, out.error
+                    finished.add(out.request_id)
+        if during is not None:
+            await during(finished)
+    return tokens
+
+
+async def test_token_streams_equal_offline_with_lvf_rotation(redis_client, stories_setup,
+                                                             stories_path) -> None:
+    prompts, offline = stories_setup
+    await write_knobs(redis_client, {"policy": "lvf", "slo_ttft_s": 0.05, "slo_tbt_s": 0.01,
+                                     "b_xfer": 64})
+    services = Services(redis_client, _worker_settings(stories_path))
+    services.start_control_plane()
+    await _push(redis_client, [_submit(i, p) for i, p in enumerate(prompts)])
+    tokens = await _collect(redis_client, {f"req-{i}" for i in range(len(prompts))})
+    await services.stop()
+    assert [tokens[f"req-{i}"] for i in range(len(prompts))] == offline
+    engine = services.worker.engine
+    assert services.worker.planner.num_remote > 0
+    assert engine.stats.num_rotations_out + engine.stats.num_preemptions > 0
+    print(f"remote plans {services.worker.planner.num_remote}, local "
+          f"{services.worker.planner.num_local}, rotations {engine.stats.num_rotations_out}, "
+          f"preemptions {engine.stats.num_preemptions}")
+
+
+async def test_control_plane_crash_and_restart(redis_client, stories_setup, stories_path
+                                               ) -> None:
+    prompts, offline = stories_setup
+    await write_knobs(redis_client, {"policy": "lvf", "slo_ttft_s": 0.05, "slo_tbt_s": 0.01})
+    services = Services(redis_client, _worker_settings(stories_path))
+    services.start_control_plane()
+    await _push(redis_client, [_submit(i, p) for i, p in enumerate(prompts)])
+    killed = False
+
+    async def kill_midway(finished: set[str]) -> None:
+        nonlocal killed
+        if not killed and services.worker.planner.num_remote > 5:
+            await services.kill_control_plane()
+            killed = True
+
+    tokens = await _collect(redis_client, {f"req-{i}" for i in range(len(prompts))},
+                            during=kill_midway)
+    assert killed
+    assert [tokens[f"req-{i}"] for i in range(len(prompts))] == offline
+    local_after_kill = services.worker.planner.num_local
+    assert local_after_kill > 0  # it planned for itself while the control plane was down
+    remote_before = services.worker.planner.num_remote
+    services.start_control_plane()
+    await _push(redis_client, [_submit(i + 10, prompts[i]) for i in range(3)])
+    await _collect(redis_client, {f"req-{i + 10}" for i in range(3)})
+    assert services.worker.planner.num_remote > remote_before  # remote plans resumed
+    await services.stop()
+
+
+async def test_unacked_request_is_redelivered_and_completes_once(redis_client, stories_setup,
+                                                                 stories_path) -> None:
+    prompts, offline = stories_setup
+    stream = streams.worker_requests_stream("w0")
+    await redis_client.xgroup_create(stream, streams.WORKER_GROUP, id="0", mkstream=True)
+    await _push(redis_client, [_submit(0, prompts[0])])
+    # A worker incarnation reads the request, then dies before the engine owned it (no XACK).
+    taken = await redis_client.xreadgroup(streams.WORKER_GROUP, "w0", {stream: ">"}, count=10)
+    assert len(taken[0][1]) == 1
+    services = Services(redis_client, _worker_settings(stories_path, policy="vllm"))
+    tokens = await _collect(redis_client, {"req-0"})
+    await services.stop()
+    assert tokens["req-0"] == offline[0]
+    pending = await redis_client.xpending(stream, streams.WORKER_GROUP)
+    assert pending["pending"] == 0
+
+
+async def test_malformed_messages_are_skipped(redis_client, stories_setup, stories_path
+                                              ) -> None:
+    prompts, offline = stories_setup
+    services = Services(redis_client, _worker_settings(stories_path, policy="vllm"))
+    services.start_control_plane()
+    await asyncio.sleep(0.3)  # the control plane reads snapshots written after it started
+    garbage = [b"", b"\xc1", b"not msgpack at all", encode(_submit(0, [1]))[:-3]]
+    for blob in garbage:
+        await redis_client.xadd(streams.worker_requests_stream("w0"), {"m": blob})
+        await redis_client.xadd(streams.worker_plans_stream("w0"), {"m": blob})
+        await redis_client.xadd(streams.SNAPSHOTS_STREAM, {"m": blob})
+    await redis_client.xadd(streams.worker_requests_stream("w0"), {"wrong-field": b"x"})
+    await _push(redis_client, [_submit(1, prompts[1])])
+    tokens = await _collect(redis_client, {"req-1"})
+    assert tokens["req-1"] == offline[1]
+    assert services.cp is not None and services.cp.num_malformed >= len(garbage)
+    assert services.worker.num_malformed >= 2 * len(garbage) + 1
+    assert not services.worker_task.done() and not services.cp_task.done()  # type: ignore
+    await services.stop()
+
+
+async def test_knob_change_reaches_the_next_plans(redis_client, stories_path) -> None:
+    await write_knobs(redis_client, {"policy": "lvf"})
+    services = Services(redis_client, _worker_settings(stories_path))
+    services.start_control_plane()
+    await asyncio.sleep(0.3)
+    with pytest.raises(ValueError, match="alpha"):
+        await write_knobs(redis_client, {"alpha": "-1"})
+    _, version = await write_knobs(redis_client, {"policy": "vllm"})
+    t_changed = time.monotonic()
+    await _push(redis_client, [_submit(0, [1])])
+    plans_stream = streams.worker_plans_stream("w0")
+    policy = None
+    while time.monotonic() - t_changed < 5:
+        entries = await redis_client.xrevrange(plans_stream, count=1)
+        if entries:
+            from shared.protocol import RotationPlan
+
+            plan = decode(entries[0][1][b"m"], RotationPlan)
+            if plan.knobs_version == version:
+                policy = plan.policy
+                break
+        await asyncio.sleep(0.02)
+    elapsed = time.monotonic() - t_changed
+    await services.stop()
+    assert policy == "vllm"
+    assert elapsed < 1.0, f"knob change took {elapsed:.2f} s to reach a plan"
