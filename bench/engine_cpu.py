@@ -22,8 +22,13 @@ def build_checkpoint(directory: str) -> torch.nn.Module:
     import transformers
 
     config = transformers.LlamaConfig(
-        vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
-        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
+        vocab_size=32000,
+        hidden_size=512,
+        intermediate_size=1376,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
     )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
@@ -54,8 +59,14 @@ def run_hf(model: torch.nn.Module, requests: list[tuple[list[int], int]], batch:
             ids[row, width - len(prompt) :] = torch.tensor(prompt)
             mask[row, width - len(prompt) :] = 1
         longest = max(n for _, n in group)
-        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=longest,
-                       min_new_tokens=longest, do_sample=False, pad_token_id=0)
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=longest,
+            min_new_tokens=longest,
+            do_sample=False,
+            pad_token_id=0,
+        )
     return time.perf_counter() - start
 
 
@@ -80,7 +91,8 @@ def run_ours(directory: str, requests: list[tuple[list[int], int]]) -> tuple[flo
         "iterations": stats.num_iterations,
         "ms_per_iter": 1e3 * stats.step_time_s / stats.num_iterations,
         "model_ms_per_iter": 1e3 * stats.model_time_s / stats.num_iterations,
-        "overhead_ms_per_iter": 1e3 * (stats.step_time_s - stats.model_time_s)
+        "overhead_ms_per_iter": 1e3
+        * (stats.step_time_s - stats.model_time_s)
         / stats.num_iterations,
     }
     return elapsed, split
@@ -101,15 +113,25 @@ def main() -> None:
         ours_s, split = run_ours(directory, requests)
         hf_s = run_hf(model, requests, batch=16)
     ours_tok_s, hf_tok_s = useful / ours_s, useful / hf_s
-    print(f"requests={len(requests)} useful_output_tokens={useful} torch={torch.__version__} "
-          f"threads={torch.get_num_threads()}")
-    print(f"ours: {ours_s:.1f} s  {ours_tok_s:.1f} tok/s   transformers: {hf_s:.1f} s  "
-          f"{hf_tok_s:.1f} tok/s")
-    print("ours per iteration: " + "  ".join(f"{k}={v:.2f}" if isinstance(v, float) else
-                                             f"{k}={v}" for k, v in split.items()))
-    print(f"RESULT engine_cpu ours_tok_s={ours_tok_s:.1f} hf_tok_s={hf_tok_s:.1f} "
-          f"ratio={ours_tok_s / hf_tok_s:.2f} model_ms_per_iter={split['model_ms_per_iter']:.2f} "
-          f"overhead_ms_per_iter={split['overhead_ms_per_iter']:.2f}")
+    print(
+        f"requests={len(requests)} useful_output_tokens={useful} torch={torch.__version__} "
+        f"threads={torch.get_num_threads()}"
+    )
+    print(
+        f"ours: {ours_s:.1f} s  {ours_tok_s:.1f} tok/s   transformers: {hf_s:.1f} s  "
+        f"{hf_tok_s:.1f} tok/s"
+    )
+    print(
+        "ours per iteration: "
+        + "  ".join(
+            f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in split.items()
+        )
+    )
+    print(
+        f"RESULT engine_cpu ours_tok_s={ours_tok_s:.1f} hf_tok_s={hf_tok_s:.1f} "
+        f"ratio={ours_tok_s / hf_tok_s:.2f} model_ms_per_iter={split['model_ms_per_iter']:.2f} "
+        f"overhead_ms_per_iter={split['overhead_ms_per_iter']:.2f}"
+    )
 
 
 if __name__ == "__main__":

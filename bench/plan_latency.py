@@ -33,20 +33,49 @@ def make_snapshot(num: int, iteration: int, rng: random.Random) -> StateSnapshot
     for index in range(num):
         state = STATES[0] if index % 4 < 2 else STATES[index % 4 - 1]
         computed = rng.randint(16, 2000) if state != "waiting" else 0
-        rows.append(RequestRow(
-            f"req-{index}", state, now - rng.uniform(0, 30),
-            now - rng.uniform(0, 10) if state == "running" else None,
-            now - rng.uniform(0, 1) if state == "rotary" else None,
-            computed + rng.randint(1, 500), computed, -(-computed // 16) if state == "running"
-            else 0, -(-computed // 16) if state == "rotary" else 0, 0, 0, None, None, True,
-            index,
-        ))
-    return StateSnapshot("bench-w", "epoch-1", iteration, now, rows, 200, 100_000, 50_000,
-                         200_000, 16, 2 << 20, 8192, 4096, 1200, 0.05, 5e10, "remote")
+        rows.append(
+            RequestRow(
+                f"req-{index}",
+                state,
+                now - rng.uniform(0, 30),
+                now - rng.uniform(0, 10) if state == "running" else None,
+                now - rng.uniform(0, 1) if state == "rotary" else None,
+                computed + rng.randint(1, 500),
+                computed,
+                -(-computed // 16) if state == "running" else 0,
+                -(-computed // 16) if state == "rotary" else 0,
+                0,
+                0,
+                None,
+                None,
+                True,
+                index,
+            )
+        )
+    return StateSnapshot(
+        "bench-w",
+        "epoch-1",
+        iteration,
+        now,
+        rows,
+        200,
+        100_000,
+        50_000,
+        200_000,
+        16,
+        2 << 20,
+        8192,
+        4096,
+        1200,
+        0.05,
+        5e10,
+        "remote",
+    )
 
 
-async def measure(redis: Redis, num: int, iterations: int, period_s: float
-                  ) -> tuple[list[float], int]:
+async def measure(
+    redis: Redis, num: int, iterations: int, period_s: float
+) -> tuple[list[float], int]:
     rng = random.Random(0)
     plans = streams.worker_plans_stream("bench-w")
     last = (await redis.xrevrange(plans, count=1) or [(b"0-0", {})])[0][0]
@@ -55,8 +84,9 @@ async def measure(redis: Redis, num: int, iterations: int, period_s: float
     for iteration in range(iterations):
         msg = make_snapshot(num, iteration, rng)
         t_sent = time.perf_counter()
-        await redis.xadd(streams.SNAPSHOTS_STREAM, {"m": encode(msg)}, maxlen=1000,
-                         approximate=True)
+        await redis.xadd(
+            streams.SNAPSHOTS_STREAM, {"m": encode(msg)}, maxlen=1000, approximate=True
+        )
         got = None
         while got is None:
             remaining_ms = max(1, int((t_sent + 1.0 - time.perf_counter()) * 1e3))
@@ -86,33 +116,45 @@ async def main_async(args: argparse.Namespace) -> None:
     await redis.delete(streams.SNAPSHOTS_STREAM, streams.worker_plans_stream("bench-w"))
     await write_knobs(redis, {"policy": "lvf"})
     env = {**os.environ, "SUPERINFER_REDIS_URL": args.redis_url}
-    proc = subprocess.Popen([sys.executable, "-m", "superinfer", "control-plane"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "superinfer", "control-plane"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         await asyncio.sleep(2.0)
         results = {}
         for num in (256, 4096):
             lat, stalled = await measure(redis, num, args.iterations, args.iteration_ms / 1e3)
             results[num] = (pct(lat, 50), pct(lat, 99), stalled)
-            print(f"{num:5d} requests: p50 {results[num][0]:.2f} ms  p99 {results[num][1]:.2f} ms"
-                  f"  stalled {stalled}/{args.iterations} (iteration {args.iteration_ms} ms)")
+            print(
+                f"{num:5d} requests: p50 {results[num][0]:.2f} ms  p99 {results[num][1]:.2f} ms"
+                f"  stalled {stalled}/{args.iterations} (iteration {args.iteration_ms} ms)"
+            )
     finally:
         proc.terminate()
         proc.wait(timeout=10)
         await redis.delete(streams.SNAPSHOTS_STREAM, streams.worker_plans_stream("bench-w"))
         await redis.aclose()
     p50, p99, stalled = results[4096]
-    print(f"RESULT plan_latency p50_ms_4096={p50:.2f} p99_ms_4096={p99:.2f} "
-          f"p50_ms_256={results[256][0]:.2f} p99_ms_256={results[256][1]:.2f} "
-          f"stalled_iterations={stalled + results[256][2]}")
+    print(
+        f"RESULT plan_latency p50_ms_4096={p50:.2f} p99_ms_4096={p99:.2f} "
+        f"p50_ms_256={results[256][0]:.2f} p99_ms_256={results[256][1]:.2f} "
+        f"stalled_iterations={stalled + results[256][2]}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/9")
     parser.add_argument("--iterations", type=int, default=200)
-    parser.add_argument("--iteration-ms", type=float, default=50.0,
-                        help="worker iteration time (the paper's 8B iterations: ~70 ms)")
+    parser.add_argument(
+        "--iteration-ms",
+        type=float,
+        default=50.0,
+        help="worker iteration time (the paper's 8B iterations: ~70 ms)",
+    )
     asyncio.run(main_async(parser.parse_args()))
 
 

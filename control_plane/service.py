@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import structlog
 from redis.asyncio import Redis
@@ -27,20 +28,33 @@ log = structlog.get_logger(__name__)
 def to_policy_snapshot(msg: StateSnapshot, b_xfer_blocks: int) -> Snapshot:
     views = tuple(
         RequestView(
-            request_id=r.request_id, state=RequestState(r.state), t_arr_s=r.t_arr_s,
-            num_tokens=r.num_tokens, num_computed_tokens=r.num_computed_tokens,
-            num_blocks_hbm=r.num_blocks_hbm, num_blocks_dram=r.num_blocks_dram,
-            t_run_s=r.t_run_s, t_last_s=r.t_last_s, priority=r.priority,
-            arrival_seq=r.arrival_seq, slo_ttft_s=r.slo_ttft_s, slo_tbt_s=r.slo_tbt_s,
+            request_id=r.request_id,
+            state=RequestState(r.state),
+            t_arr_s=r.t_arr_s,
+            num_tokens=r.num_tokens,
+            num_computed_tokens=r.num_computed_tokens,
+            num_blocks_hbm=r.num_blocks_hbm,
+            num_blocks_dram=r.num_blocks_dram,
+            t_run_s=r.t_run_s,
+            t_last_s=r.t_last_s,
+            priority=r.priority,
+            arrival_seq=r.arrival_seq,
+            slo_ttft_s=r.slo_ttft_s,
+            slo_tbt_s=r.slo_tbt_s,
             resident=r.resident,
         )
         for r in msg.requests
     )
     return Snapshot(
-        t_now_s=msg.t_now_s, requests=views, num_free_hbm_blocks=msg.num_free_hbm_blocks,
-        num_free_dram_blocks=msg.num_free_dram_blocks, block_size=msg.block_size,
-        max_num_batched_tokens=msg.max_num_batched_tokens, max_num_seqs=msg.max_num_seqs,
-        b_xfer_blocks=b_xfer_blocks, iteration=msg.iteration,
+        t_now_s=msg.t_now_s,
+        requests=views,
+        num_free_hbm_blocks=msg.num_free_hbm_blocks,
+        num_free_dram_blocks=msg.num_free_dram_blocks,
+        block_size=msg.block_size,
+        max_num_batched_tokens=msg.max_num_batched_tokens,
+        max_num_seqs=msg.max_num_seqs,
+        b_xfer_blocks=b_xfer_blocks,
+        iteration=msg.iteration,
     )
 
 
@@ -58,11 +72,18 @@ def plan_for(msg: StateSnapshot, knobs: Knobs, knobs_version: int) -> RotationPl
     b_xfer = resolve_b_xfer(knobs, msg)
     plan = make_plan(to_policy_snapshot(msg, b_xfer), knobs)
     return RotationPlan(
-        worker_id=msg.worker_id, epoch=msg.epoch, snapshot_iteration=msg.iteration,
-        knobs_version=knobs_version, policy=knobs.policy, admit_ids=plan.admit_ids,
-        resume_ids=plan.resume_ids, rotate_out_ids=plan.rotate_out_ids,
-        preempt_ids=plan.preempt_ids, fcfs_fallback=plan.fcfs_fallback,
-        t_planned_s=time.time(), b_xfer_blocks=b_xfer,
+        worker_id=msg.worker_id,
+        epoch=msg.epoch,
+        snapshot_iteration=msg.iteration,
+        knobs_version=knobs_version,
+        policy=knobs.policy,
+        admit_ids=plan.admit_ids,
+        resume_ids=plan.resume_ids,
+        rotate_out_ids=plan.rotate_out_ids,
+        preempt_ids=plan.preempt_ids,
+        fcfs_fallback=plan.fcfs_fallback,
+        t_planned_s=time.time(),
+        b_xfer_blocks=b_xfer,
     )
 
 
@@ -94,8 +115,9 @@ class ControlPlane:
         if self.knobs_version < 0:
             await self._reload_knobs(force=True)
         await self._heartbeat_and_knobs()
-        response = await self.redis.xread({streams.SNAPSHOTS_STREAM: self._last_id},
-                                          count=512, block=self.settings.read_block_ms)
+        response: Any = await self.redis.xread(
+            {streams.SNAPSHOTS_STREAM: self._last_id}, count=512, block=self.settings.read_block_ms
+        )
         newest: dict[str, StateSnapshot] = {}
         for _, entries in response or []:
             for entry_id, fields in entries:
@@ -119,8 +141,12 @@ class ControlPlane:
                     self.num_malformed += 1
                     log.error("unplannable_snapshot", worker_id=msg.worker_id, error=str(exc))
                     continue
-                pipe.xadd(streams.worker_plans_stream(msg.worker_id), {"m": encode(plan)},
-                          maxlen=streams.MAXLEN_PLANS, approximate=True)
+                pipe.xadd(
+                    streams.worker_plans_stream(msg.worker_id),
+                    {"m": encode(plan)},
+                    maxlen=streams.MAXLEN_PLANS,
+                    approximate=True,
+                )
                 self.num_plans += 1
             await pipe.execute()
 
@@ -129,8 +155,9 @@ class ControlPlane:
         if now - self._knobs_checked_s < self.settings.knobs_poll_s:
             return
         self._knobs_checked_s = now
-        await self.redis.set(streams.CONTROL_PLANE_HEARTBEAT_KEY, str(time.time()),
-                             ex=self.settings.heartbeat_ttl_s)
+        await self.redis.set(
+            streams.CONTROL_PLANE_HEARTBEAT_KEY, str(time.time()), ex=self.settings.heartbeat_ttl_s
+        )
         await self._reload_knobs()
 
     async def _reload_knobs(self, force: bool = False) -> None:

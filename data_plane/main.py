@@ -19,10 +19,14 @@ def build_worker_engine(settings: WorkerSettings) -> tuple[Engine, int]:
     """The engine for ``settings`` and its KV block size in bytes."""
     loaded = load_model(settings.model, settings.tokenizer, settings.dtype, settings.device)
     config = EngineConfig(
-        block_size=settings.block_size, num_hbm_blocks=settings.num_hbm_blocks,
-        hbm_kv_gib=settings.hbm_kv_gib, num_dram_blocks=settings.num_dram_blocks,
-        dram_kv_gib=settings.dram_kv_gib, max_num_batched_tokens=settings.max_num_batched_tokens,
-        max_num_seqs=settings.max_num_seqs, transfer_backend=settings.transfer_backend,
+        block_size=settings.block_size,
+        num_hbm_blocks=settings.num_hbm_blocks,
+        hbm_kv_gib=settings.hbm_kv_gib,
+        num_dram_blocks=settings.num_dram_blocks,
+        dram_kv_gib=settings.dram_kv_gib,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_num_seqs=settings.max_num_seqs,
+        transfer_backend=settings.transfer_backend,
         device=settings.device,
     )
     engine = build_engine(loaded, config, Knobs(policy=settings.policy, b_xfer=settings.b_xfer))

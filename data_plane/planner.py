@@ -46,11 +46,13 @@ class HybridPlanner:
         if self._remote_applied:  # already executed: keep running, wait for the next plan
             return fit_plan(snapshot, [], [], [], [])
         self._remote_applied = True
-        return fit_plan(snapshot, remote.admit_ids, remote.resume_ids, remote.rotate_out_ids,
-                        remote.preempt_ids)
+        return fit_plan(
+            snapshot, remote.admit_ids, remote.resume_ids, remote.rotate_out_ids, remote.preempt_ids
+        )
 
     def _switch(self, source: str, iteration: int) -> None:
         if source != self.source:
-            log.info("plan_source_changed", source=source, previous=self.source,
-                     iteration=iteration)
+            log.info(
+                "plan_source_changed", source=source, previous=self.source, iteration=iteration
+            )
             self.source = source

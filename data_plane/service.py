@@ -92,17 +92,20 @@ class Worker:
 
     async def _ensure_group(self) -> None:
         try:
-            await self.redis.xgroup_create(self.requests_stream, streams.WORKER_GROUP, id="0",
-                                           mkstream=True)
+            await self.redis.xgroup_create(
+                self.requests_stream, streams.WORKER_GROUP, id="0", mkstream=True
+            )
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
 
     async def _read_requests(self, block_ms: int | None = None, pending: bool = False) -> None:
-        response = await self.redis.xreadgroup(
-            streams.WORKER_GROUP, self.settings.worker_id,
+        response: Any = await self.redis.xreadgroup(
+            streams.WORKER_GROUP,
+            self.settings.worker_id,
             {self.requests_stream: "0" if pending else ">"},
-            count=self.settings.read_batch, block=block_ms,
+            count=self.settings.read_batch,
+            block=block_ms,
         )
         for _, entries in response or []:
             for entry_id, fields in entries:
@@ -110,7 +113,7 @@ class Worker:
 
     async def _accept(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         try:
-            msg = decode(fields.get(b"m", b""))
+            msg: object = decode(fields.get(b"m", b""))
         except ProtocolError as exc:
             self.num_malformed += 1
             log.error("malformed_request_message", entry_id=entry_id, error=str(exc))
@@ -130,13 +133,22 @@ class Worker:
             return  # a redelivered duplicate of a request the engine already owns
         try:
             params = SamplingParams(
-                max_tokens=msg.max_tokens, temperature=msg.temperature, top_p=msg.top_p,
-                top_k=msg.top_k, seed=msg.seed, stop_token_ids=tuple(msg.stop_token_ids or ()),
+                max_tokens=msg.max_tokens,
+                temperature=msg.temperature,
+                top_p=msg.top_p,
+                top_k=msg.top_k,
+                seed=msg.seed,
+                stop_token_ids=tuple(msg.stop_token_ids or ()),
                 ignore_eos=msg.ignore_eos,
             )
             self.engine.add_request(
-                msg.request_id, msg.prompt_token_ids, params, priority=msg.priority,
-                slo_ttft_s=msg.slo_ttft_s, slo_tbt_s=msg.slo_tbt_s, t_arr_s=msg.t_arr_s,
+                msg.request_id,
+                msg.prompt_token_ids,
+                params,
+                priority=msg.priority,
+                slo_ttft_s=msg.slo_ttft_s,
+                slo_tbt_s=msg.slo_tbt_s,
+                t_arr_s=msg.t_arr_s,
             )
         except (RequestError, ValueError) as exc:
             log.warning("request_rejected", request_id=msg.request_id, error=str(exc))
@@ -144,11 +156,14 @@ class Worker:
             await self._xadd(msg.reply_stream, encode(error), streams.MAXLEN_OUTPUTS)
             return
         self._reply[msg.request_id] = (msg.reply_stream, 0)
-        log.info("request_admitted", request_id=msg.request_id,
-                 num_prompt_tokens=len(msg.prompt_token_ids))
+        log.info(
+            "request_admitted",
+            request_id=msg.request_id,
+            num_prompt_tokens=len(msg.prompt_token_ids),
+        )
 
     async def _read_plans(self) -> None:
-        response = await self.redis.xread({self.plans_stream: self._last_plan_id}, count=64)
+        response: Any = await self.redis.xread({self.plans_stream: self._last_plan_id}, count=64)
         for _, entries in response or []:
             for entry_id, fields in entries:
                 self._last_plan_id = entry_id
@@ -181,10 +196,16 @@ class Worker:
                 if stream is None:
                     continue
                 error = out.error if out.finish_reason != "abort" else None
-                msg = TokenOutput(out.request_id, sent, out.new_token_ids,
-                                  out.finish_reason.value if out.finish_reason else None, error)
-                pipe.xadd(stream, {"m": encode(msg)}, maxlen=streams.MAXLEN_OUTPUTS,
-                          approximate=True)
+                msg = TokenOutput(
+                    out.request_id,
+                    sent,
+                    out.new_token_ids,
+                    out.finish_reason.value if out.finish_reason else None,
+                    error,
+                )
+                pipe.xadd(
+                    stream, {"m": encode(msg)}, maxlen=streams.MAXLEN_OUTPUTS, approximate=True
+                )
                 if out.finished:
                     del self._reply[out.request_id]
                 else:
@@ -192,8 +213,12 @@ class Worker:
             snapshot = self.planner.last_snapshot
             if snapshot is not None:
                 msg_bytes = encode(snapshot_message(self, snapshot, iteration_time_s))
-                pipe.xadd(streams.SNAPSHOTS_STREAM, {"m": msg_bytes},
-                          maxlen=streams.MAXLEN_SNAPSHOTS, approximate=True)
+                pipe.xadd(
+                    streams.SNAPSHOTS_STREAM,
+                    {"m": msg_bytes},
+                    maxlen=streams.MAXLEN_SNAPSHOTS,
+                    approximate=True,
+                )
             await pipe.execute()
 
     async def _xadd(self, stream: str, data: bytes, maxlen: int) -> Any:

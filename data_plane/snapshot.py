@@ -11,19 +11,31 @@ if TYPE_CHECKING:
     from data_plane.service import Worker
 
 
-def snapshot_message(worker: Worker, snapshot: Snapshot, iteration_time_s: float
-                     ) -> StateSnapshot:
+def snapshot_message(worker: Worker, snapshot: Snapshot, iteration_time_s: float) -> StateSnapshot:
     kv = worker.engine.kv
     tables = kv.tables
     rows = []
     for v in snapshot.requests:
         table = tables.get(v.request_id)
-        rows.append(RequestRow(
-            v.request_id, v.state.value, v.t_arr_s, v.t_run_s, v.t_last_s, v.num_tokens,
-            v.num_computed_tokens, v.num_blocks_hbm, v.num_blocks_dram,
-            table.num_synced if table else 0, v.priority, v.slo_ttft_s, v.slo_tbt_s,
-            v.resident, v.arrival_seq,
-        ))
+        rows.append(
+            RequestRow(
+                v.request_id,
+                v.state.value,
+                v.t_arr_s,
+                v.t_run_s,
+                v.t_last_s,
+                v.num_tokens,
+                v.num_computed_tokens,
+                v.num_blocks_hbm,
+                v.num_blocks_dram,
+                table.num_synced if table else 0,
+                v.priority,
+                v.slo_ttft_s,
+                v.slo_tbt_s,
+                v.resident,
+                v.arrival_seq,
+            )
+        )
     dram = getattr(kv, "dram", None)
     return StateSnapshot(
         worker_id=worker.settings.worker_id,

@@ -59,7 +59,7 @@ async def write_knobs(redis: Redis, changes: dict[str, Any]) -> tuple[Knobs, int
     current, _ = await read_knobs(redis)
     updated = knobs_from_mapping(changes, current)
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.hset(KNOBS_KEY, mapping=knobs_to_mapping(updated))
+        pipe.hset(KNOBS_KEY, mapping=dict(knobs_to_mapping(updated)))  # type: ignore[arg-type]
         pipe.hincrby(KNOBS_KEY, "version", 1)
         _, version = await pipe.execute()
     return updated, int(version)

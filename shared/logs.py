@@ -8,8 +8,9 @@ import structlog
 
 
 def configure_logging(json: bool = True, level: int = logging.INFO) -> None:
-    renderer = (structlog.processors.JSONRenderer() if json
-                else structlog.dev.ConsoleRenderer(colors=False))
+    renderer = (
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -9,11 +9,13 @@ from collections.abc import Sequence
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="tiny-random",
-                        help="HF checkpoint dir, llama2.c .bin, or tiny-random")
+    parser.add_argument(
+        "--model", default="tiny-random", help="HF checkpoint dir, llama2.c .bin, or tiny-random"
+    )
     parser.add_argument("--tokenizer", default=None, help="tokenizer.json or llama2.c tok*.bin")
-    parser.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: "
-                        "the checkpoint's)")
+    parser.add_argument(
+        "--dtype", default=None, help="float32 | bfloat16 | float16 (default: the checkpoint's)"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--hbm-kv-gib", type=float, default=0.25)
@@ -31,24 +33,42 @@ def _generate(args: argparse.Namespace) -> int:
 
     try:
         loaded = load_model(args.model, args.tokenizer, args.dtype, args.device, args.seed or 0)
-        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                                top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+        params = SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+        )
     except (ModelConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if loaded.tokenizer is None:
         print("error: the model has no tokenizer; pass --tokenizer PATH", file=sys.stderr)
         return 2
-    config = EngineConfig(block_size=args.block_size, hbm_kv_gib=args.hbm_kv_gib,
-                          max_num_batched_tokens=args.max_num_batched_tokens,
-                          max_num_seqs=args.max_num_seqs, device=args.device)
+    config = EngineConfig(
+        block_size=args.block_size,
+        hbm_kv_gib=args.hbm_kv_gib,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        device=args.device,
+    )
     engine = build_engine(loaded, config, Knobs(policy=args.policy))
     prompts = [loaded.tokenizer.encode(p) for p in args.prompt]
     results = generate(engine, prompts, [params] * len(prompts))
     for text, result in zip(args.prompt, results, strict=True):
         if args.json:
-            print(json.dumps({"prompt": text, "text": result.text, "token_ids": result.token_ids,
-                              "finish_reason": result.finish_reason, "error": result.error}))
+            print(
+                json.dumps(
+                    {
+                        "prompt": text,
+                        "text": result.text,
+                        "token_ids": result.token_ids,
+                        "finish_reason": result.finish_reason,
+                        "error": result.error,
+                    }
+                )
+            )
         elif result.error:
             print(f"--- {text!r}: error: {result.error}")
         else:
@@ -64,8 +84,9 @@ def _data_plane(args: argparse.Namespace) -> int:
     from shared.logs import configure_logging
     from shared.runtime import run_until_signalled
 
-    overrides = {k: v for k, v in vars(args).items()
-                 if k in WorkerSettings.model_fields and v is not None}
+    overrides = {
+        k: v for k, v in vars(args).items() if k in WorkerSettings.model_fields and v is not None
+    }
     settings = WorkerSettings(**overrides)
     configure_logging()
     asyncio.run(run_until_signalled(lambda stop: serve(settings, stop)))
@@ -80,24 +101,38 @@ def _control_plane(args: argparse.Namespace) -> int:
     from shared.logs import configure_logging
     from shared.runtime import run_until_signalled
 
-    overrides = {k: v for k, v in vars(args).items()
-                 if k in ControlPlaneSettings.model_fields and v is not None}
+    overrides = {
+        k: v
+        for k, v in vars(args).items()
+        if k in ControlPlaneSettings.model_fields and v is not None
+    }
     settings = ControlPlaneSettings(**overrides)
     configure_logging()
     asyncio.run(run_until_signalled(lambda stop: serve(settings, stop)))
     return 0
 
 
-def _add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_service_parsers(sub: argparse._SubParsersAction) -> None:
     worker = sub.add_parser("data-plane", help="the engine as a worker on Redis streams")
     worker.add_argument("--worker-id", default=None)
     worker.add_argument("--redis-url", default=None)
-    for flag, kind in (("--model", str), ("--tokenizer", str), ("--dtype", str),
-                       ("--device", str), ("--block-size", int), ("--hbm-kv-gib", float),
-                       ("--dram-kv-gib", float), ("--num-hbm-blocks", int),
-                       ("--num-dram-blocks", int), ("--max-num-batched-tokens", int),
-                       ("--max-num-seqs", int), ("--transfer-backend", str), ("--policy", str),
-                       ("--b-xfer", int), ("--plan-max-age-iterations", int)):
+    for flag, kind in (
+        ("--model", str),
+        ("--tokenizer", str),
+        ("--dtype", str),
+        ("--device", str),
+        ("--block-size", int),
+        ("--hbm-kv-gib", float),
+        ("--dram-kv-gib", float),
+        ("--num-hbm-blocks", int),
+        ("--num-dram-blocks", int),
+        ("--max-num-batched-tokens", int),
+        ("--max-num-seqs", int),
+        ("--transfer-backend", str),
+        ("--policy", str),
+        ("--b-xfer", int),
+        ("--plan-max-age-iterations", int),
+    ):
         worker.add_argument(flag, type=kind, default=None)
     worker.set_defaults(func=_data_plane)
     control = sub.add_parser("control-plane", help="VLT/LVF planning service")

@@ -20,16 +20,25 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from data_plane.engine.model_runner import BatchItem, ModelRunner  # noqa: E402
-from data_plane.engine.request import Request  # noqa: E402
-from data_plane.engine.sampling import SamplingParams  # noqa: E402
-from data_plane.kv.geometry import KVGeometry  # noqa: E402
-from data_plane.models.config import ModelConfig  # noqa: E402
-from data_plane.models.llama import LlamaModel  # noqa: E402
+from data_plane.engine.model_runner import BatchItem, ModelRunner
+from data_plane.engine.request import Request
+from data_plane.engine.sampling import SamplingParams
+from data_plane.kv.geometry import KVGeometry
+from data_plane.models.config import ModelConfig
+from data_plane.models.llama import LlamaModel
 
-LLAMA3_8B = dict(architecture="llama", vocab_size=128256, hidden_size=4096,
-                 intermediate_size=14336, num_layers=32, num_heads=32, num_kv_heads=8,
-                 head_dim=128, max_position_embeddings=8192, rope_theta=500000.0)
+LLAMA3_8B = dict(
+    architecture="llama",
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_layers=32,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    max_position_embeddings=8192,
+    rope_theta=500000.0,
+)
 
 
 def device_bandwidth_bytes_s() -> float:
@@ -44,8 +53,14 @@ def device_bandwidth_bytes_s() -> float:
     return 2 * 10 * src.numel() / (time.perf_counter() - start)  # read + write
 
 
-def time_decode(model: LlamaModel, runner: ModelRunner, kv: torch.Tensor, batch: int,
-                context: int, block_size: int) -> float:
+def time_decode(
+    model: LlamaModel,
+    runner: ModelRunner,
+    kv: torch.Tensor,
+    batch: int,
+    context: int,
+    block_size: int,
+) -> float:
     blocks_per_seq = -(-(context + 1) // block_size)
     items = []
     for index in range(batch):
@@ -54,7 +69,7 @@ def time_decode(model: LlamaModel, runner: ModelRunner, kv: torch.Tensor, batch:
         request.num_computed_tokens = context
         ids = list(range(index * blocks_per_seq, (index + 1) * blocks_per_seq))
         items.append(BatchItem(request, 1, ids))
-    input_ids, positions, meta, _, logits_index = runner._prepare(items)  # noqa: SLF001
+    input_ids, positions, meta, _, logits_index = runner._prepare(items)
     for _ in range(3):
         model(input_ids, positions, kv, meta, logits_index)
     torch.cuda.synchronize()
@@ -93,17 +108,32 @@ def main() -> int:
         step_s = time_decode(model, runner, kv, batch, args.context, block_size)
         kv_bytes = batch * args.context * config.kv_bytes_per_token
         roofline_s = (weight_bytes + kv_bytes) / bandwidth
-        rows.append({"batch": batch, "context": args.context, "ours_ms": step_s * 1e3,
-                     "roofline_ms": roofline_s * 1e3, "ratio_to_roofline": step_s / roofline_s})
-        print(f"batch {batch:4d}: ours {step_s * 1e3:8.2f} ms  roofline {roofline_s * 1e3:6.2f} ms"
-              f"  ratio {step_s / roofline_s:5.2f}", flush=True)
+        rows.append(
+            {
+                "batch": batch,
+                "context": args.context,
+                "ours_ms": step_s * 1e3,
+                "roofline_ms": roofline_s * 1e3,
+                "ratio_to_roofline": step_s / roofline_s,
+            }
+        )
+        print(
+            f"batch {batch:4d}: ours {step_s * 1e3:8.2f} ms  roofline {roofline_s * 1e3:6.2f} ms"
+            f"  ratio {step_s / roofline_s:5.2f}",
+            flush=True,
+        )
     out = Path(os.environ.get("OUT", "."))
-    (out / "decode_step.json").write_text(json.dumps(
-        {"device": torch.cuda.get_device_name(), "bandwidth_bytes_s": bandwidth, "rows": rows},
-        indent=2))
+    (out / "decode_step.json").write_text(
+        json.dumps(
+            {"device": torch.cuda.get_device_name(), "bandwidth_bytes_s": bandwidth, "rows": rows},
+            indent=2,
+        )
+    )
     b64 = next((r for r in rows if r["batch"] == 64), rows[-1])
-    print(f"RESULT decode_step ours_ms_b64={b64['ours_ms']:.2f} "
-          f"roofline_ms_b64={b64['roofline_ms']:.2f} ratio_b64={b64['ratio_to_roofline']:.2f}")
+    print(
+        f"RESULT decode_step ours_ms_b64={b64['ours_ms']:.2f} "
+        f"roofline_ms_b64={b64['roofline_ms']:.2f} ratio_b64={b64['ratio_to_roofline']:.2f}"
+    )
     return 0
 
 

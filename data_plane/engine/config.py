@@ -26,5 +26,6 @@ class EngineConfig:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
         if self.transfer_backend not in ("cpu", "cuda", "naive"):
-            raise ValueError(f"transfer_backend must be cpu, cuda or naive, "
-                             f"got {self.transfer_backend!r}")
+            raise ValueError(
+                f"transfer_backend must be cpu, cuda or naive, got {self.transfer_backend!r}"
+            )

@@ -265,13 +265,15 @@ class Engine:
             request.t_first_token_s = request.t_first_token_s or now
             request.t_last_s = now
             self.stats.num_generated_tokens += 1
-            reason, delta = check_stop(request, token, self.eos_token_ids, self.max_model_len,
-                                       self.tokenizer)
+            reason, delta = check_stop(
+                request, token, self.eos_token_ids, self.max_model_len, self.tokenizer
+            )
             if reason is not None:
                 self._finish(request, reason)
             outputs.append(
-                RequestOutput(request.request_id, [token], len(request.output_token_ids),
-                              reason, delta)
+                RequestOutput(
+                    request.request_id, [token], len(request.output_token_ids), reason, delta
+                )
             )
         return outputs
 

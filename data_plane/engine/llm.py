@@ -20,10 +20,9 @@ from data_plane.kv.host_pool import (
 )
 from data_plane.kv.manager import KVCacheManager
 from data_plane.kv.tiered import TieredKVCacheManager
-from data_plane.transfer import make_transfer_engine
 from data_plane.models.loader import LoadedModel
+from data_plane.transfer import make_transfer_engine
 from shared.policy import Knobs, make_plan
-
 
 DEFAULT_B_XFER_BLOCKS = 2400  # the paper's default when knobs.b_xfer is "auto" offline
 
@@ -51,15 +50,19 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, knobs: Knobs | None 
     knobs = knobs or Knobs()
     model_cfg = loaded.config
     geometry = KVGeometry(
-        model_cfg.num_layers, config.block_size, model_cfg.num_kv_heads, model_cfg.head_dim,
+        model_cfg.num_layers,
+        config.block_size,
+        model_cfg.num_kv_heads,
+        model_cfg.head_dim,
         model_cfg.dtype,
     )
     num_blocks = config.num_hbm_blocks or geometry.blocks_in(config.hbm_kv_gib)
     kv_tensor = geometry.allocate(num_blocks, config.device)
     kv = build_kv_manager(geometry, kv_tensor, config, knobs)
     runner = ModelRunner(loaded.model, config.block_size, config.device)
-    max_model_len = min(config.max_model_len or model_cfg.max_position_embeddings,
-                        model_cfg.max_position_embeddings)
+    max_model_len = min(
+        config.max_model_len or model_cfg.max_position_embeddings, model_cfg.max_position_embeddings
+    )
     return Engine(
         executor=_LocalExecutor(runner, kv_tensor),
         kv=kv,
@@ -93,9 +96,16 @@ def build_kv_manager(
         pinner.start()
     transfer = make_transfer_engine(config.transfer_backend, hbm, dram)
     b_xfer = knobs.b_xfer if knobs.b_xfer is not None else DEFAULT_B_XFER_BLOCKS
-    return TieredKVCacheManager(hbm.shape[0], num_dram, config.block_size, transfer,
-                                b_xfer_blocks=b_xfer, eager_sync=config.eager_sync,
-                                num_dram_blocks_ready=num_ready, pinner=pinner)
+    return TieredKVCacheManager(
+        hbm.shape[0],
+        num_dram,
+        config.block_size,
+        transfer,
+        b_xfer_blocks=b_xfer,
+        eager_sync=config.eager_sync,
+        num_dram_blocks_ready=num_ready,
+        pinner=pinner,
+    )
 
 
 def generate(

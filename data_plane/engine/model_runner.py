@@ -78,10 +78,12 @@ class ModelRunner:
                 sample_items.append(item)
                 logits_index.append(len(input_ids) - 1)
         width = max((len(t) for t in decode_tables), default=0)
-        tables_t = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables],
-                                dtype=torch.long, device=dev).view(len(decode_tables), width)
+        tables_t = torch.tensor(
+            [t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long, device=dev
+        ).view(len(decode_tables), width)
         decode_rows_t = (tables_t[:, :, None] * rows_per_block + offsets).view(
-            len(decode_tables), width * bs)
+            len(decode_tables), width * bs
+        )
         meta = AttentionMetadata(
             slot_rows=torch.tensor(slot_rows, dtype=torch.long, device=dev),
             num_decodes=len(decode_tables),

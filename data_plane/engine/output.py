@@ -20,11 +20,9 @@ def check_stop(
     reason: FinishReason | None = None
     if is_eos or token in params.stop_token_ids:
         reason = FinishReason.STOP
-    elif len(request.output_token_ids) >= params.max_tokens:
+    elif len(request.output_token_ids) >= params.max_tokens or request.num_tokens >= max_model_len:
         reason = FinishReason.LENGTH
-    elif request.num_tokens >= max_model_len:
-        reason = FinishReason.LENGTH
-    if tokenizer is None or reason is FinishReason.STOP and is_eos:
+    if tokenizer is None or (reason is FinishReason.STOP and is_eos):
         return reason, ""
     text = _decode_output(request, tokenizer)
     if text.endswith("\ufffd") and reason is None:

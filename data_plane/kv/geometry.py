@@ -30,8 +30,9 @@ class KVGeometry:
     def blocks_in(self, gib: float) -> int:
         return int(gib * (1 << 30)) // self.block_bytes
 
-    def allocate(self, num_blocks: int, device: str | torch.device, pin: bool = False
-                 ) -> torch.Tensor:
+    def allocate(
+        self, num_blocks: int, device: str | torch.device, pin: bool = False
+    ) -> torch.Tensor:
         return torch.zeros(
             (num_blocks, *self.block_shape), dtype=self.dtype, device=device, pin_memory=pin
         )

@@ -37,8 +37,9 @@ def cuda_host_unregister(pointer: int) -> None:
         runtime.cudaGetLastError()
 
 
-def allocate_host_pool(num_blocks: int, block_shape: tuple[int, ...], dtype: torch.dtype
-                       ) -> torch.Tensor:
+def allocate_host_pool(
+    num_blocks: int, block_shape: tuple[int, ...], dtype: torch.dtype
+) -> torch.Tensor:
     """A zeroed, page-aligned host pool in its own anonymous mapping: its pages are shared
     with no other allocation, so registering (pinning) them never overlaps another range."""
     element = torch.tensor([], dtype=dtype).element_size()

@@ -129,7 +129,9 @@ class TieredKVCacheManager(KVCacheManager):
         table = self.tables.get(request_id)
         if table is None:
             table = self.tables[request_id] = BlockTable()
-        needed = sum(1 for i, d in enumerate(table.dram_ids) if d is None and table.sync[i] != SYNCED)
+        needed = sum(
+            1 for i, d in enumerate(table.dram_ids) if d is None and table.sync[i] != SYNCED
+        )
         if needed > self.dram.num_free:
             return False
         table.rotated_out = True
@@ -149,8 +151,7 @@ class TieredKVCacheManager(KVCacheManager):
         kept: deque[_Move] = deque()
         for move in self._syncs:
             if move.request_id == request_id:
-                self._urgent.append(_Move(EVICT, request_id, move.index, move.hbm_id,
-                                          move.dram_id))
+                self._urgent.append(_Move(EVICT, request_id, move.index, move.hbm_id, move.dram_id))
             else:
                 kept.append(move)
         self._syncs = kept

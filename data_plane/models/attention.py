@@ -36,7 +36,10 @@ class AttentionMetadata:
 
 
 def write_kv(
-    cache_rows: torch.Tensor, layer_offset: int, k: torch.Tensor, v: torch.Tensor,
+    cache_rows: torch.Tensor,
+    layer_offset: int,
+    k: torch.Tensor,
+    v: torch.Tensor,
     meta: AttentionMetadata,
 ) -> None:
     """Store new keys/values ``[num_tokens, num_kv_heads, head_dim]`` in their slots."""
@@ -67,8 +70,13 @@ def paged_attention(
         strict=True,
     ):
         out[start : start + n_q] = _prefill(
-            q[start : start + n_q], cache_rows, rows + layer_offset, meta.block_size, n_done,
-            scale, sliding_window,
+            q[start : start + n_q],
+            cache_rows,
+            rows + layer_offset,
+            meta.block_size,
+            n_done,
+            scale,
+            sliding_window,
         )
     return out
 
@@ -84,8 +92,7 @@ def _decode(
     n, num_heads, head_dim = q.shape
     width = rows.shape[1]
     k = cache_rows.index_select(0, rows.flatten()).view(n, width, -1, head_dim)
-    v = cache_rows.index_select(0, (rows + meta.block_size).flatten()).view(n, width, -1,
-                                                                            head_dim)
+    v = cache_rows.index_select(0, (rows + meta.block_size).flatten()).view(n, width, -1, head_dim)
     num_kv_heads = k.shape[2]
     group = num_heads // num_kv_heads
     key_pos = torch.arange(width, device=q.device)

@@ -54,8 +54,9 @@ class ModelConfig:
             if getattr(self, name) <= 0:
                 raise ModelConfigError(f"config field {name!r} must be > 0")
         if self.num_heads <= 0 or self.num_kv_heads <= 0:
-            raise ModelConfigError("config fields 'num_attention_heads' and "
-                                   "'num_key_value_heads' must be > 0")
+            raise ModelConfigError(
+                "config fields 'num_attention_heads' and 'num_key_value_heads' must be > 0"
+            )
         if self.num_heads % self.num_kv_heads:
             raise ModelConfigError(
                 f"config field 'num_key_value_heads' ({self.num_kv_heads}) must divide "
@@ -127,8 +128,10 @@ def _rope_params(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
         if rope_type == "default":
             return theta, None
         if rope_type not in ("llama3", "linear"):
-            raise ModelConfigError(f"config field 'rope_scaling': rope_type {rope_type!r} "
-                                   "is not supported (default, linear, llama3)")
+            raise ModelConfigError(
+                f"config field 'rope_scaling': rope_type {rope_type!r} "
+                "is not supported (default, linear, llama3)"
+            )
         scaling = {**scaling, "rope_type": rope_type}
     return theta, scaling
 

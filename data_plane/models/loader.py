@@ -7,11 +7,12 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 
 from data_plane.models.config import DTYPES, ModelConfig, ModelConfigError
-from data_plane.models.llama import LlamaModel
+from data_plane.models.llama import DecoderLayer, LlamaModel
 from data_plane.models.tokenizer import ByteTokenizer, HFTokenizer, Llama2cTokenizer, Tokenizer
 
 TINY_RANDOM = "tiny-random"
@@ -135,14 +136,16 @@ def _load_hf_state(model: LlamaModel, state: dict[str, torch.Tensor], cfg: Model
         model.norm.weight.copy_(_take(state, "model.norm.weight"))
         if not cfg.tie_word_embeddings:
             model.lm_head.weight.copy_(_take(state, "lm_head.weight"))
-        for index, layer in enumerate(model.layers):
+        for index, module in enumerate(model.layers):
+            layer = cast(DecoderLayer, module)
             prefix = f"model.layers.{index}."
             attn = prefix + "self_attn."
             qkv = [_take(state, f"{attn}{p}_proj.weight") for p in "qkv"]
             layer.qkv_proj.weight.copy_(torch.cat(qkv))
             if cfg.qkv_bias:
-                layer.qkv_proj.bias.copy_(torch.cat([_take(state, f"{attn}{p}_proj.bias")
-                                                     for p in "qkv"]))
+                layer.qkv_proj.bias.copy_(
+                    torch.cat([_take(state, f"{attn}{p}_proj.bias") for p in "qkv"])
+                )
             layer.o_proj.weight.copy_(_take(state, attn + "o_proj.weight"))
             mlp = prefix + "mlp."
             gate_up = [_take(state, f"{mlp}{p}_proj.weight") for p in ("gate", "up")]
@@ -175,11 +178,11 @@ def _load_llama2c(path: Path, dtype: torch.dtype | None) -> LoadedModel:
         dtype=dtype or torch.float32,
     )
     model = LlamaModel(config)
-    _load_llama2c_weights(model, config, torch.frombuffer(bytearray(data[28:]), dtype=torch.float32))
-    tokenizer = next(iter(sorted(path.parent.glob("tok*.bin"))), None)
-    return LoadedModel(
-        config, model, Llama2cTokenizer(tokenizer) if tokenizer else None, path.stem
+    _load_llama2c_weights(
+        model, config, torch.frombuffer(bytearray(data[28:]), dtype=torch.float32)
     )
+    tokenizer = next(iter(sorted(path.parent.glob("tok*.bin"))), None)
+    return LoadedModel(config, model, Llama2cTokenizer(tokenizer) if tokenizer else None, path.stem)
 
 
 def _load_llama2c_weights(model: LlamaModel, cfg: ModelConfig, flat: torch.Tensor) -> None:
@@ -209,7 +212,8 @@ def _load_llama2c_weights(model: LlamaModel, cfg: ModelConfig, flat: torch.Tenso
         model.norm.weight.copy_(final_norm)
         if not cfg.tie_word_embeddings:
             model.lm_head.weight.copy_(take(cfg.vocab_size, dim))
-        for i, layer in enumerate(model.layers):
+        for i, module in enumerate(model.layers):
+            layer = cast(DecoderLayer, module)
             q = _interleaved_to_half(wq[i], cfg.num_heads)
             k = _interleaved_to_half(wk[i], cfg.num_kv_heads)
             layer.qkv_proj.weight.copy_(torch.cat([q, k, wv[i]]))
@@ -223,4 +227,6 @@ def _load_llama2c_weights(model: LlamaModel, cfg: ModelConfig, flat: torch.Tenso
 def _interleaved_to_half(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     """Reorder q/k rows so llama2.c's adjacent-pair RoPE becomes the half-rotation RoPE."""
     rows, cols = weight.shape
-    return weight.view(num_heads, rows // num_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+    return (
+        weight.view(num_heads, rows // num_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+    )

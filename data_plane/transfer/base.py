@@ -94,5 +94,5 @@ class TransferEngine(abc.ABC):
         self.stats.max_segment_blocks = max(self.stats.max_segment_blocks, *lengths, 0)
         self.stats.last_segments.extend(lengths)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a no-op unless the backend holds resources
         """Release streams/threads. Waits for nothing: callers drain handles first."""

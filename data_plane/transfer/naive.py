@@ -14,8 +14,7 @@ from data_plane.transfer.base import BlockCopy, TransferEngine, TransferHandle
 from data_plane.transfer.cpu import FutureHandle
 
 
-def copy_per_layer(src_pool: torch.Tensor, dst_pool: torch.Tensor, copies: list[BlockCopy]
-                   ) -> None:
+def copy_per_layer(src_pool: torch.Tensor, dst_pool: torch.Tensor, copies: list[BlockCopy]) -> None:
     non_blocking = src_pool.is_cuda != dst_pool.is_cuda
     num_layers = src_pool.shape[1]
     for copy in copies:

@@ -39,8 +39,9 @@ def fit_plan(
     plan.resume_ids = plan.resume_ids[:room]
     plan.admit_ids = plan.admit_ids[: max(0, room - len(plan.resume_ids))]
     views = {v.request_id: v for v in snapshot.requests}
-    joining = [replace(views[i], state=RequestState.RUNNING, resident=False)
-               for i in plan.resume_ids]
+    joining = [
+        replace(views[i], state=RequestState.RUNNING, resident=False) for i in plan.resume_ids
+    ]
     joining += [replace(views[i], state=RequestState.RUNNING) for i in plan.admit_ids]
     plan.schedule = pack_schedule(keep + joining, snapshot, snapshot.num_free_hbm_blocks)
     return plan

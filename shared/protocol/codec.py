@@ -79,8 +79,10 @@ def _build(cls: type, data: Any, path: str) -> Any:
     fields = _fields(cls)
     if not isinstance(data, list) or len(data) != len(fields):
         raise ProtocolError(f"{path}: expected {len(fields)} fields")
-    values = {name: _check(hint, value, f"{path}.{name}")
-              for (name, hint), value in zip(fields, data, strict=True)}
+    values = {
+        name: _check(hint, value, f"{path}.{name}")
+        for (name, hint), value in zip(fields, data, strict=True)
+    }
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:

@@ -22,7 +22,7 @@ from data_plane.settings import WorkerSettings
 from shared import streams
 from shared.knobs import write_knobs
 from shared.protocol import SubmitRequest, TokenOutput, decode, encode
-from tests.redis_support import redis_client, redis_url  # noqa: F401
+from tests.redis_support import redis_url
 
 REPLY = "superinfer:gateway:test:outputs"
 PROMPTS = ["Tim had a dog", "", "The sun was hot", "Lily and Ben", "One day a big", "Mom said"]
@@ -36,8 +36,19 @@ def _params(index: int) -> SamplingParams:
 
 def _submit(index: int, tokens: list[int], worker_id: str = "w0") -> SubmitRequest:
     p = _params(index)
-    return SubmitRequest(f"req-{index}", tokens, REPLY, time.time(), p.max_tokens,
-                         p.temperature, p.top_p, p.top_k, p.seed, None, p.ignore_eos)
+    return SubmitRequest(
+        f"req-{index}",
+        tokens,
+        REPLY,
+        time.time(),
+        p.max_tokens,
+        p.temperature,
+        p.top_p,
+        p.top_k,
+        p.seed,
+        None,
+        p.ignore_eos,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +61,19 @@ def stories_setup(stories_path: Path):
 
 
 def _worker_settings(stories_path: Path, **overrides) -> WorkerSettings:
-    values = dict(worker_id="w0", redis_url=redis_url(), model=str(stories_path), block_size=4,
-                  num_hbm_blocks=36, num_dram_blocks=400, max_num_batched_tokens=16,
-                  policy="lvf", b_xfer=64, plan_max_age_iterations=3, idle_block_ms=20)
+    values = dict(
+        worker_id="w0",
+        redis_url=redis_url(),
+        model=str(stories_path),
+        block_size=4,
+        num_hbm_blocks=36,
+        num_dram_blocks=400,
+        max_num_batched_tokens=16,
+        policy="lvf",
+        b_xfer=64,
+        plan_max_age_iterations=3,
+        idle_block_ms=20,
+    )
     values.update(overrides)
     return WorkerSettings(**values)
 
@@ -70,8 +91,7 @@ class Services:
         self.cp_task: asyncio.Task[None] | None = None
 
     def start_control_plane(self) -> None:
-        settings = ControlPlaneSettings(redis_url=redis_url(), read_block_ms=20,
-                                        knobs_poll_s=0.05)
+        settings = ControlPlaneSettings(redis_url=redis_url(), read_block_ms=20, knobs_poll_s=0.05)
         self.cp_redis = Redis.from_url(redis_url())
         self.cp = ControlPlane(settings, self.cp_redis)
         self.cp_stop = asyncio.Event()
@@ -104,8 +124,9 @@ async def _push(redis: Redis, msgs: list, worker_id: str = "w0") -> None:
         await redis.xadd(streams.worker_requests_stream(worker_id), {"m": encode(msg)})
 
 
-async def _collect(redis: Redis, request_ids: set[str], timeout_s: float = 30.0,
-                   during=None) -> dict[str, list[int]]:
+async def _collect(
+    redis: Redis, request_ids: set[str], timeout_s: float = 30.0, during=None
+) -> dict[str, list[int]]:
     tokens: dict[str, list[int]] = {r: [] for r in request_ids}
     finished: set[str] = set()
     last = "0-0"
@@ -129,11 +150,13 @@ async def _collect(redis: Redis, request_ids: set[str], timeout_s: float = 30.0,
     return tokens
 
 
-async def test_token_streams_equal_offline_with_lvf_rotation(redis_client, stories_setup,
-                                                             stories_path) -> None:
+async def test_token_streams_equal_offline_with_lvf_rotation(
+    redis_client, stories_setup, stories_path
+) -> None:
     prompts, offline = stories_setup
-    await write_knobs(redis_client, {"policy": "lvf", "slo_ttft_s": 0.05, "slo_tbt_s": 0.01,
-                                     "b_xfer": 64})
+    await write_knobs(
+        redis_client, {"policy": "lvf", "slo_ttft_s": 0.05, "slo_tbt_s": 0.01, "b_xfer": 64}
+    )
     services = Services(redis_client, _worker_settings(stories_path))
     services.start_control_plane()
     await _push(redis_client, [_submit(i, p) for i, p in enumerate(prompts)])
@@ -143,13 +166,14 @@ async def test_token_streams_equal_offline_with_lvf_rotation(redis_client, stori
     engine = services.worker.engine
     assert services.worker.planner.num_remote > 0
     assert engine.stats.num_rotations_out + engine.stats.num_preemptions > 0
-    print(f"remote plans {services.worker.planner.num_remote}, local "
-          f"{services.worker.planner.num_local}, rotations {engine.stats.num_rotations_out}, "
-          f"preemptions {engine.stats.num_preemptions}")
+    print(
+        f"remote plans {services.worker.planner.num_remote}, local "
+        f"{services.worker.planner.num_local}, rotations {engine.stats.num_rotations_out}, "
+        f"preemptions {engine.stats.num_preemptions}"
+    )
 
 
-async def test_control_plane_crash_and_restart(redis_client, stories_setup, stories_path
-                                               ) -> None:
+async def test_control_plane_crash_and_restart(redis_client, stories_setup, stories_path) -> None:
     prompts, offline = stories_setup
     await write_knobs(redis_client, {"policy": "lvf", "slo_ttft_s": 0.05, "slo_tbt_s": 0.01})
     services = Services(redis_client, _worker_settings(stories_path))
@@ -163,8 +187,9 @@ async def test_control_plane_crash_and_restart(redis_client, stories_setup, stor
             await services.kill_control_plane()
             killed = True
 
-    tokens = await _collect(redis_client, {f"req-{i}" for i in range(len(prompts))},
-                            during=kill_midway)
+    tokens = await _collect(
+        redis_client, {f"req-{i}" for i in range(len(prompts))}, during=kill_midway
+    )
     assert killed
     assert [tokens[f"req-{i}"] for i in range(len(prompts))] == offline
     local_after_kill = services.worker.planner.num_local
@@ -177,8 +202,9 @@ async def test_control_plane_crash_and_restart(redis_client, stories_setup, stor
     await services.stop()
 
 
-async def test_unacked_request_is_redelivered_and_completes_once(redis_client, stories_setup,
-                                                                 stories_path) -> None:
+async def test_unacked_request_is_redelivered_and_completes_once(
+    redis_client, stories_setup, stories_path
+) -> None:
     prompts, offline = stories_setup
     stream = streams.worker_requests_stream("w0")
     await redis_client.xgroup_create(stream, streams.WORKER_GROUP, id="0", mkstream=True)
@@ -194,8 +220,7 @@ async def test_unacked_request_is_redelivered_and_completes_once(redis_client, s
     assert pending["pending"] == 0
 
 
-async def test_malformed_messages_are_skipped(redis_client, stories_setup, stories_path
-                                              ) -> None:
+async def test_malformed_messages_are_skipped(redis_client, stories_setup, stories_path) -> None:
     prompts, offline = stories_setup
     services = Services(redis_client, _worker_settings(stories_path, policy="vllm"))
     services.start_control_plane()

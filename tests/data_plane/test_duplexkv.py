@@ -48,8 +48,12 @@ class RandomRotations:
         plan.resume_ids = [r for r in plan.resume_ids if self.rng.random() > self.p_hold]
         leaving = set(plan.preempt_ids)
         for view in snapshot.requests:
-            if (view.state is RequestState.RUNNING and view.request_id not in leaving
-                    and view.resident and self.rng.random() < self.p_out):
+            if (
+                view.state is RequestState.RUNNING
+                and view.request_id not in leaving
+                and view.resident
+                and self.rng.random() < self.p_out
+            ):
                 plan.rotate_out_ids.append(view.request_id)
         out = set(plan.rotate_out_ids)
         plan.schedule = [c for c in plan.schedule if c.request_id not in out]
@@ -58,14 +62,17 @@ class RandomRotations:
 
 def _prompts(loaded) -> list[list[int]]:
     tok = loaded.tokenizer
-    return [tok.encode(t) for t in ("Tim had a dog", "", "The sun", "Lily and Ben went to the",
-                                    "One day a big")]
+    return [
+        tok.encode(t)
+        for t in ("Tim had a dog", "", "The sun", "Lily and Ben went to the", "One day a big")
+    ]
 
 
 def _params() -> list[SamplingParams]:
-    return [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
-            SamplingParams(max_tokens=24, temperature=0.8, seed=5, ignore_eos=True)] * 2 + [
-        SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)]
+    return [
+        SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
+        SamplingParams(max_tokens=24, temperature=0.8, seed=5, ignore_eos=True),
+    ] * 2 + [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)]
 
 
 def _reference(loaded) -> list[list[int]]:
@@ -74,8 +81,9 @@ def _reference(loaded) -> list[list[int]]:
 
 
 def _rotating_run(loaded, seed: int, p_out: float, p_hold: float, b_xfer: int):
-    config = EngineConfig(block_size=BS, num_hbm_blocks=40, num_dram_blocks=200,
-                          max_num_batched_tokens=16)
+    config = EngineConfig(
+        block_size=BS, num_hbm_blocks=40, num_dram_blocks=200, max_num_batched_tokens=16
+    )
     engine = build_engine(loaded, config, Knobs(policy="vllm", b_xfer=b_xfer))
     engine.planner = RandomRotations(seed, p_out, p_hold)
     tokens: dict[str, list[int]] = {}
@@ -94,15 +102,24 @@ def _rotating_run(loaded, seed: int, p_out: float, p_hold: float, b_xfer: int):
 
 
 @pytest.mark.parametrize("model_name", ["stories", "tiny"])
-def test_lossless_rotation_random_schedules(model_name: str, request: pytest.FixtureRequest
-                                            ) -> None:
+def test_lossless_rotation_random_schedules(
+    model_name: str, request: pytest.FixtureRequest
+) -> None:
     loaded = request.getfixturevalue(model_name)
     reference = _reference(loaded)
 
-    @settings(max_examples=100, deadline=None, derandomize=True,
-              suppress_health_check=[HealthCheck.too_slow])
-    @given(seed=st.integers(0, 2**31), p_out=st.floats(0.02, 0.3), p_hold=st.floats(0, 0.6),
-           b_xfer=st.integers(2, 64))
+    @settings(
+        max_examples=100,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(
+        seed=st.integers(0, 2**31),
+        p_out=st.floats(0.02, 0.3),
+        p_hold=st.floats(0, 0.6),
+        b_xfer=st.integers(2, 64),
+    )
     def check(seed: int, p_out: float, p_hold: float, b_xfer: int) -> None:
         engine, tokens = _rotating_run(loaded, seed, p_out, p_hold, b_xfer)
         assert tokens == reference
@@ -118,8 +135,9 @@ def test_lossless_rotation_random_schedules(model_name: str, request: pytest.Fix
 
 
 def _manager(num_hbm: int = 16, num_dram: int = 16, b_xfer: int = 64, transfer=None):
-    geometry = KVGeometry(num_layers=2, block_size=BS, num_kv_heads=2, head_dim=4,
-                          dtype=torch.float32)
+    geometry = KVGeometry(
+        num_layers=2, block_size=BS, num_kv_heads=2, head_dim=4, dtype=torch.float32
+    )
     hbm = torch.randn(num_hbm, *geometry.block_shape)
     dram = torch.zeros(num_dram, *geometry.block_shape)
     transfer = transfer or CpuTransferEngine(hbm, dram)
@@ -223,9 +241,9 @@ def test_transfer_budget_caps_blocks_per_iteration() -> None:
     kv, _, _ = _manager(num_hbm=32, num_dram=32, b_xfer=3)
     _fill(kv, "a", 10 * BS)
     iterations = 0
-    while kv._syncs or kv._in_flight:  # noqa: SLF001 - inspecting the pipeline
+    while kv._syncs or kv._in_flight:
         kv.issue_transfers()
-        for batch in kv._in_flight:  # noqa: SLF001
+        for batch in kv._in_flight:
             for handle in batch.handles:
                 handle.wait()
         kv.poll()
@@ -250,12 +268,20 @@ def test_dram_pool_grows_as_chunks_are_pinned() -> None:
     dram = allocate_host_pool(12, geometry.block_shape, geometry.dtype)
     assert dram.data_ptr() % 4096 == 0 and not dram.any()
     unregistered: list[int] = []
-    pinner = ChunkedPinner(dram, chunk_blocks=4, register=slow_register,
-                           unregister=unregistered.append)
+    pinner = ChunkedPinner(
+        dram, chunk_blocks=4, register=slow_register, unregister=unregistered.append
+    )
     ready = pinner.pin_first_chunk()
     pinner.start()
-    kv = TieredKVCacheManager(8, 12, BS, CpuTransferEngine(hbm, dram), b_xfer_blocks=8,
-                              num_dram_blocks_ready=ready, pinner=pinner)
+    kv = TieredKVCacheManager(
+        8,
+        12,
+        BS,
+        CpuTransferEngine(hbm, dram),
+        b_xfer_blocks=8,
+        num_dram_blocks_ready=ready,
+        pinner=pinner,
+    )
     assert kv.num_free_dram_blocks == 4  # serving starts with the first chunk
     gate.release()
     gate.release()

@@ -23,8 +23,12 @@ def stories(stories_path: Path):
 
 def test_stories260k_reproduces_reference_in_a_batch(stories) -> None:
     tok = stories.tokenizer
-    prompts = [tok.encode("Tim had a dog"), [1], tok.encode("The sun was hot and"),
-               tok.encode("One day")]
+    prompts = [
+        tok.encode("Tim had a dog"),
+        [1],
+        tok.encode("The sun was hot and"),
+        tok.encode("One day"),
+    ]
     engine = build_engine(stories, EngineConfig(max_num_batched_tokens=8, block_size=4))
     params = [SamplingParams(max_tokens=60, temperature=0)] * len(prompts)
     results = generate(engine, prompts, params)
@@ -50,8 +54,10 @@ def test_preemption_by_recompute_gives_identical_outputs(stories) -> None:
     tok = stories.tokenizer
     texts = ["Tim had a dog", "The cat sat", "Once", "A big red", "Mom said", "Ben and Sue"]
     prompts = [tok.encode(t) for t in texts]
-    params = [SamplingParams(max_tokens=48, temperature=0),
-              SamplingParams(max_tokens=48, temperature=0.9, seed=7)] * 3
+    params = [
+        SamplingParams(max_tokens=48, temperature=0),
+        SamplingParams(max_tokens=48, temperature=0.9, seed=7),
+    ] * 3
     _, free_run = _run(stories, EngineConfig(block_size=4, num_hbm_blocks=1024), prompts, params)
     engine, tight = _run(stories, EngineConfig(block_size=4, num_hbm_blocks=30), prompts, params)
     assert engine.stats.num_preemptions > 0
@@ -65,10 +71,15 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(stories) -> None:
     seeded = SamplingParams(max_tokens=30, temperature=1.0, top_p=0.9, top_k=40, seed=1234)
     _, alone = _run(stories, EngineConfig(), [prompt], [seeded])
     others = [tok.encode("The dog"), tok.encode("Once upon a time there")]
-    _, batched = _run(stories, EngineConfig(max_num_batched_tokens=5),
-                      [*others, prompt], [GREEDY, SamplingParams(temperature=1.0), seeded])
-    _, other_seed = _run(stories, EngineConfig(), [prompt],
-                         [SamplingParams(max_tokens=30, temperature=1.0, seed=99)])
+    _, batched = _run(
+        stories,
+        EngineConfig(max_num_batched_tokens=5),
+        [*others, prompt],
+        [GREEDY, SamplingParams(temperature=1.0), seeded],
+    )
+    _, other_seed = _run(
+        stories, EngineConfig(), [prompt], [SamplingParams(max_tokens=30, temperature=1.0, seed=99)]
+    )
     assert alone[0].token_ids == batched[2].token_ids
     assert alone[0].token_ids != other_seed[0].token_ids
 
@@ -76,8 +87,10 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(stories) -> None:
 def test_stop_strings_and_stop_token_ids(stories) -> None:
     tok = stories.tokenizer
     prompt = [1]
-    params = [SamplingParams(max_tokens=60, temperature=0, stop=("little girl",)),
-              SamplingParams(max_tokens=60, temperature=0, stop_token_ids=(261,))]
+    params = [
+        SamplingParams(max_tokens=60, temperature=0, stop=("little girl",)),
+        SamplingParams(max_tokens=60, temperature=0, stop_token_ids=(261,)),
+    ]
     _, results = _run(stories, EngineConfig(), [prompt, prompt], params)
     assert results[0].text == "Once upon a time, there was a "
     assert results[0].finish_reason == "stop"
@@ -102,8 +115,16 @@ def test_generation_stops_at_the_context_limit(stories) -> None:
     assert len(results[0].token_ids) == 10
 
 
-@pytest.mark.parametrize("bad", [dict(max_tokens=0), dict(max_tokens=-3), dict(top_p=0.0),
-                                 dict(temperature=-1.0), dict(top_k=0)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(max_tokens=0),
+        dict(max_tokens=-3),
+        dict(top_p=0.0),
+        dict(temperature=-1.0),
+        dict(top_k=0),
+    ],
+)
 def test_bad_sampling_params_raise(bad) -> None:
     with pytest.raises(ValueError):
         SamplingParams(**bad)
@@ -127,8 +148,14 @@ def test_abort_frees_blocks(stories) -> None:
 
 
 def _write_config(directory: Path, **overrides) -> Path:
-    raw = {"architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 16,
-           "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    raw = {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 32,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+    }
     raw.update(overrides)
     raw = {k: v for k, v in raw.items() if v is not None}
     directory.mkdir(parents=True, exist_ok=True)
@@ -156,7 +183,7 @@ def test_bad_config_names_the_field(tmp_path: Path, overrides, field: str) -> No
 def test_missing_model_files_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ModelConfigError, match="does not exist"):
         load_model(str(tmp_path / "nowhere"))
-    with pytest.raises(ModelConfigError, match="config.json"):
+    with pytest.raises(ModelConfigError, match=r"config\.json"):
         load_model(str(tmp_path))
     directory = _write_config(tmp_path / "noweights")
     with pytest.raises(ModelConfigError, match="safetensors"):
@@ -169,6 +196,9 @@ def test_missing_model_files_are_clear_errors(tmp_path: Path) -> None:
 
 def test_tiny_random_runs_without_files() -> None:
     loaded = load_model("tiny-random")
-    results = generate(build_engine(loaded, EngineConfig()), [loaded.tokenizer.encode("hi")],
-                       [SamplingParams(max_tokens=5, temperature=0)])
+    results = generate(
+        build_engine(loaded, EngineConfig()),
+        [loaded.tokenizer.encode("hi")],
+        [SamplingParams(max_tokens=5, temperature=0)],
+    )
     assert len(results[0].token_ids) == 5

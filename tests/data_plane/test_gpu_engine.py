@@ -47,9 +47,14 @@ def test_cuda_engine_matches_cpu_with_rotation(name: str, stories_path: Path) ->
     _, plain = _run(gpu_model, EngineConfig(block_size=4, num_hbm_blocks=512, device="cuda"))
     assert plain == reference
     for seed in range(8):
-        config = EngineConfig(block_size=4, num_hbm_blocks=40, num_dram_blocks=200,
-                              max_num_batched_tokens=16, device="cuda",
-                              transfer_backend="cuda")
+        config = EngineConfig(
+            block_size=4,
+            num_hbm_blocks=40,
+            num_dram_blocks=200,
+            max_num_batched_tokens=16,
+            device="cuda",
+            transfer_backend="cuda",
+        )
         engine, rotated = _run(gpu_model, config, RandomRotations(seed, 0.2, 0.3))
         assert rotated == reference, f"seed {seed}"
         kv = engine.kv  # type: ignore[attr-defined]

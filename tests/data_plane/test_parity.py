@@ -54,8 +54,10 @@ def test_greedy_tokens_and_logits_match_transformers(checkpoint, block_size: int
     runner = engine.executor.runner  # type: ignore[attr-defined]
     runner.sampler = RecordingSampler(runner.sampler, logits)
     # temperature 0 with a distinct "seed" per prompt only to key the recorded logits
-    params = [SamplingParams(max_tokens=NUM_NEW, temperature=0, seed=i, ignore_eos=True)
-              for i in range(len(prompts))]
+    params = [
+        SamplingParams(max_tokens=NUM_NEW, temperature=0, seed=i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
     results = generate(engine, prompts, params)
     for index, (result, (ref_tokens, ref_logits)) in enumerate(
         zip(results, reference, strict=True)

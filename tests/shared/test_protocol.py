@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -20,13 +22,30 @@ from shared.protocol import (
 )
 
 SAMPLES = [
-    SubmitRequest("r1", [1, 2, 3], "out", 1.5, 16, 0.7, 0.9, 40, 7, [2], True, 1, "interactive",
-                  1.0, 0.05),
+    SubmitRequest(
+        "r1", [1, 2, 3], "out", 1.5, 16, 0.7, 0.9, 40, 7, [2], True, 1, "interactive", 1.0, 0.05
+    ),
     AbortRequest("r1"),
     RotationPlan("w0", "e1", 12, 3, "lvf", ["a"], ["b"], ["c"], [], False, 2.0, 64),
-    StateSnapshot("w0", "e1", 12, 3.0, [RequestRow("a", "running", 1.0, 2.0, None, 10, 9, 3, 1,
-                                                   1, 0, None, 0.1, True, 4)],
-                  10, 20, 30, 40, 16, 2 << 20, 2048, 256, 64, 0.05, 5e10, "remote"),
+    StateSnapshot(
+        "w0",
+        "e1",
+        12,
+        3.0,
+        [RequestRow("a", "running", 1.0, 2.0, None, 10, 9, 3, 1, 1, 0, None, 0.1, True, 4)],
+        10,
+        20,
+        30,
+        40,
+        16,
+        2 << 20,
+        2048,
+        256,
+        64,
+        0.05,
+        5e10,
+        "remote",
+    ),
     TokenOutput("r1", 3, [5, 6], "stop", None, 4),
 ]
 
@@ -38,8 +57,14 @@ def test_round_trip(msg) -> None:
 
 def test_wrong_version_type_and_fields_are_rejected() -> None:
     raw = msgpack.unpackb(encode(SAMPLES[1]))
-    for bad in ({**raw, "v": 2}, {**raw, "t": "nope"}, {**raw, "d": []}, {**raw, "d": [5]},
-                {"v": 1}, [1, 2]):
+    for bad in (
+        {**raw, "v": 2},
+        {**raw, "t": "nope"},
+        {**raw, "d": []},
+        {**raw, "d": [5]},
+        {"v": 1},
+        [1, 2],
+    ):
         with pytest.raises(ProtocolError):
             decode(msgpack.packb(bad))
     with pytest.raises(ProtocolError, match="expected"):
@@ -53,22 +78,26 @@ def test_wrong_version_type_and_fields_are_rejected() -> None:
 @settings(max_examples=1500, deadline=None)
 @given(st.binary(max_size=200))
 def test_random_bytes_raise_only_protocol_error(data: bytes) -> None:
-    try:
+    with contextlib.suppress(ProtocolError):
         decode(data)
-    except ProtocolError:
-        pass
 
 
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=True),
-                     st.text(max_size=5), st.binary(max_size=5))
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=True),
+    st.text(max_size=5),
+    st.binary(max_size=5),
+)
 _values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4), max_leaves=12)
 
 
 @settings(max_examples=1500, deadline=None)
-@given(tag=st.sampled_from(["submit", "abort", "plan", "snapshot", "tokens", "knobs", "x"]),
-       fields=st.lists(_values, max_size=17))
+@given(
+    tag=st.sampled_from(["submit", "abort", "plan", "snapshot", "tokens", "knobs", "x"]),
+    fields=st.lists(_values, max_size=17),
+)
 def test_well_framed_garbage_raises_only_protocol_error(tag: str, fields: list) -> None:
-    try:
+    with contextlib.suppress(ProtocolError):
         decode(msgpack.packb({"v": 1, "t": tag, "d": fields}))
-    except ProtocolError:
-        pass
