@@ -1,0 +1,1 @@
+"""The OpenAI-compatible gateway (not built yet; see the gateway issue)."""
