@@ -95,7 +95,7 @@ class ControlPlane:
         self.knobs_version = -1
         self.num_plans = 0
         self.num_malformed = 0
-        self._last_id = "$"
+        self._last_id: Any = "$"
         self._knobs_checked_s = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -114,6 +114,9 @@ class ControlPlane:
     async def _iterate(self) -> None:
         if self.knobs_version < 0:
             await self._reload_knobs(force=True)
+        if self._last_id == "$":  # start after the newest snapshot, never miss a later one
+            last: Any = await self.redis.xrevrange(streams.SNAPSHOTS_STREAM, count=1)
+            self._last_id = last[0][0] if last else "0-0"
         await self._heartbeat_and_knobs()
         response: Any = await self.redis.xread(
             {streams.SNAPSHOTS_STREAM: self._last_id}, count=512, block=self.settings.read_block_ms

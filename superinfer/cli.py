@@ -154,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="one JSON line per prompt")
     gen.set_defaults(func=_generate)
     _add_service_parsers(sub)
+    from data_plane.sim.cli import add_simulate_arguments, run_simulate
+
+    sim = sub.add_parser("simulate", help="policies on a trace in virtual time (cost model)")
+    add_simulate_arguments(sim)
+    sim.set_defaults(func=run_simulate)
     return parser
 
 

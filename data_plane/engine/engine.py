@@ -168,7 +168,7 @@ class Engine:
             block_size=self.kv.block_size,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_num_seqs=self.max_num_seqs,
-            b_xfer_blocks=self.kv.b_xfer_blocks,
+            b_xfer_blocks=self.kv.b_xfer_available,
             iteration=self.stats.num_iterations,
         )
 
@@ -279,10 +279,11 @@ class Engine:
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
         request.finish_reason = reason
-        for queue in (self.running, self.rotary):
-            if request in queue:
-                queue.remove(request)
-        if request in self.waiting:
-            self.waiting.remove(request)
+        queue = {
+            RequestState.RUNNING: self.running,
+            RequestState.ROTARY: self.rotary,
+            RequestState.WAITING: self.waiting,
+        }[request.state]
+        queue.remove(request)  # identity comparison: requests compare by id (eq=False)
         self.kv.free(request.request_id)
         del self.requests[request.request_id]

@@ -20,7 +20,7 @@ class RequestError(ValueError):
     """A request the engine cannot serve (it fails alone; others are unaffected)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Request:
     request_id: str
     prompt_token_ids: list[int]

@@ -24,15 +24,15 @@ class BlockTable:
 
     @property
     def num_hbm(self) -> int:
-        return sum(1 for h in self.hbm_ids if h is not None)
+        return len(self.hbm_ids) - self.hbm_ids.count(None)
 
     @property
     def num_synced(self) -> int:
-        return sum(1 for s in self.sync if s == SYNCED)
+        return self.sync.count(SYNCED)
 
     @property
     def num_dram(self) -> int:
-        return sum(1 for d in self.dram_ids if d is not None)
+        return len(self.dram_ids) - self.dram_ids.count(None)
 
 
 class KVCacheManager:
@@ -43,6 +43,10 @@ class KVCacheManager:
         self.block_size = block_size
         self.tables: dict[str, BlockTable] = {}
         self.b_xfer_blocks = 0
+
+    @property
+    def b_xfer_available(self) -> int:
+        return self.b_xfer_blocks
 
     @property
     def num_free_dram_blocks(self) -> int:

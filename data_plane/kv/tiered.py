@@ -92,6 +92,16 @@ class TieredKVCacheManager(KVCacheManager):
     def num_free_dram_blocks(self) -> int:
         return self.dram.num_free
 
+    @property
+    def num_queued_blocks(self) -> int:
+        """Copies waiting to be issued (they use up future iterations' budgets)."""
+        return len(self._urgent) + len(self._syncs)
+
+    @property
+    def b_xfer_available(self) -> int:
+        """The budget a policy may plan with: B_xfer minus rotation copies still queued."""
+        return max(0, self.b_xfer_blocks - len(self._urgent))
+
     def grow_dram(self, num_ready_blocks: int) -> None:
         """More of the DRAM pool is usable (pinned) now."""
         self.dram.grow(min(num_ready_blocks, self.num_dram_blocks_total))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from data_plane.sim.clock import VirtualClock
 from data_plane.sim.executor import SimulatedExecutor
+from data_plane.sim.setup import SimParts, SimSetup, build_parts
 from data_plane.sim.simulator import (
     ROW_KEYS,
     SimResult,
-    SimSetup,
     SimulationStuck,
     run_simulation,
     simulate,
@@ -24,6 +24,7 @@ __all__ = [
     "ROW_KEYS",
     "DuplexLink",
     "NaiveLink",
+    "SimParts",
     "SimResult",
     "SimSetup",
     "SimulatedExecutor",
@@ -31,6 +32,7 @@ __all__ = [
     "SimulatedTransferEngine",
     "SimulationStuck",
     "VirtualClock",
+    "build_parts",
     "naive_link",
     "run_simulation",
     "simulate",

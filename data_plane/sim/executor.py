@@ -20,8 +20,9 @@ class SimulatedExecutor(Executor):
     scheduled sequence attends to (its KV length after the chunk).
     """
 
-    def __init__(self, clock: VirtualClock, profile: CostProfile, token_id: int = DUMMY_TOKEN
-                 ) -> None:
+    def __init__(
+        self, clock: VirtualClock, profile: CostProfile, token_id: int = DUMMY_TOKEN
+    ) -> None:
         self.clock = clock
         self.profile = profile
         self.token_id = token_id

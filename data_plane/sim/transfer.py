@@ -32,17 +32,26 @@ KIB = 1024
 NAIVE_SEGMENT_ANCHOR_BYTES = 64 * KIB
 # Measured per-segment copy rates with 64 KiB segments, (H2D, D2H) bytes/s, and where from.
 NAIVE_ANCHORS: dict[str, tuple[float, float, str]] = {
-    "h200": (7.29e9, 7.29e9, "ANCHORS.md: 1 GiB of 64 KiB segments, one copy call each, "
-             "7.29 GB/s on the lent H200 (PCIe Gen5)"),
-    "gh200": (9.86e9, 10.75e9, "SUPERINFER.md Table 1, 'Naive per-segment copies' row, GH200 "
-              "(64 KiB segments of Qwen2.5-32B): H2D 9.86, D2H 10.75 GB/s, one direction "
-              "at a time"),
+    "h200": (
+        7.29e9,
+        7.29e9,
+        "ANCHORS.md: 1 GiB of 64 KiB segments, one copy call each, "
+        "7.29 GB/s on the lent H200 (PCIe Gen5)",
+    ),
+    "gh200": (
+        9.86e9,
+        10.75e9,
+        "SUPERINFER.md Table 1, 'Naive per-segment copies' row, GH200 "
+        "(64 KiB segments of Qwen2.5-32B): H2D 9.86, D2H 10.75 GB/s, one direction "
+        "at a time",
+    ),
 }
 LLAMA3_8B_NUM_LAYERS = 32
 
 
 class LinkModel(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def completion_s(self, bytes_h2d: int, bytes_d2h: int) -> tuple[float, float]:
         """Seconds from the submit's start until its (H2D, D2H) copies are done."""
@@ -88,10 +97,13 @@ def naive_link(profile: CostProfile, num_layers: int = LLAMA3_8B_NUM_LAYERS) -> 
     block_bytes = profile.kv_bytes_per_token * profile.block_size_tokens
     segment = block_bytes / (2 * num_layers)
     rates = []
-    for anchor_rate, link_rate in ((anchor[0], profile.link_h2d_bytes_s),
-                                   (anchor[1], profile.link_d2h_bytes_s)):
-        overhead_s = max(0.0, NAIVE_SEGMENT_ANCHOR_BYTES / anchor_rate
-                         - NAIVE_SEGMENT_ANCHOR_BYTES / link_rate)
+    for anchor_rate, link_rate in (
+        (anchor[0], profile.link_h2d_bytes_s),
+        (anchor[1], profile.link_d2h_bytes_s),
+    ):
+        overhead_s = max(
+            0.0, NAIVE_SEGMENT_ANCHOR_BYTES / anchor_rate - NAIVE_SEGMENT_ANCHOR_BYTES / link_rate
+        )
         rates.append(segment / (overhead_s + segment / link_rate))
     return NaiveLink(rates[0], rates[1], 2 * num_layers)
 
@@ -135,10 +147,13 @@ class SimulatedTransferEngine(TransferEngine):
         if not h2d and not d2h:
             return None, None
         self.stats.num_copy_calls += self.link.calls(len(h2d), len(d2h))
-        h2d_s, d2h_s = self.link.completion_s(len(h2d) * self.block_bytes,
-                                              len(d2h) * self.block_bytes)
+        h2d_s, d2h_s = self.link.completion_s(
+            len(h2d) * self.block_bytes, len(d2h) * self.block_bytes
+        )
         start = max(self.clock.now, self.link_free_s)
         self.link_free_s = start + max(h2d_s, d2h_s)
         self.link_busy_s += max(h2d_s, d2h_s)
-        return (SimulatedHandle(self, start + h2d_s) if h2d else None,
-                SimulatedHandle(self, start + d2h_s) if d2h else None)
+        return (
+            SimulatedHandle(self, start + h2d_s) if h2d else None,
+            SimulatedHandle(self, start + d2h_s) if d2h else None,
+        )

@@ -1,0 +1,152 @@
+"""SLO metrics from per-request timelines (pure functions, no I/O).
+
+A :class:`RequestTimeline` is what a client sees of one request: its arrival time, the time of
+every output token, and its SLOs (S_F for the first token, S_B between tokens). Used by the
+simulator (``data_plane/sim``) and the load generator alike. Definitions (SUPERINFER.md §1, §7):
+
+- TTFT = first token time - arrival; met when TTFT <= S_F. A request that produced no token
+  (rejected, aborted, never served) misses it.
+- TBT = every gap between two consecutive tokens of a request; TBT attainment is the fraction
+  of all gaps (over all requests) with gap <= S_B.
+- TPOT = (last token - first token) / (tokens - 1), vLLM's mean time per output token after the
+  first; met when TPOT <= S_B. A one-token request meets it (nothing to wait for); a request
+  with no token, or one that did not finish (a run cut at a time horizon), misses it.
+- goodput = requests meeting both the TTFT and TPOT SLOs, per second of the run (vLLM's
+  ``--goodput ttft:... tpot:...``); output token throughput = output tokens per second.
+
+The run's duration is the first arrival to the last token (the queue's drain included), unless
+the caller passes one. Percentiles interpolate linearly (numpy's default); None when there is
+no value to take one of. SLO comparisons allow ``SLO_EPS_S`` (1 ns) of float rounding, so a
+gap of exactly S_B computed as a difference of two timestamps counts as met.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+SLO_EPS_S = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTimeline:
+    arrival_s: float
+    token_times_s: Sequence[float]
+    slo_ttft_s: float
+    slo_tbt_s: float
+    finished: bool = True  # False: the run ended before the request's last token
+
+
+@dataclass(frozen=True, slots=True)
+class SloSummary:
+    num_requests: int
+    num_served: int  # requests with at least one token
+    num_unfinished: int
+    ttft_attainment: float
+    tbt_attainment: float
+    tpot_attainment: float
+    goodput_rps: float
+    output_tokens_per_s: float
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    tbt_p50_s: float | None
+    tbt_p99_s: float | None
+    duration_s: float
+    num_output_tokens: int
+
+
+def ttft_s(timeline: RequestTimeline) -> float | None:
+    """Time to first token, None if there is no token."""
+    if not timeline.token_times_s:
+        return None
+    return timeline.token_times_s[0] - timeline.arrival_s
+
+
+def tbt_gaps_s(timeline: RequestTimeline) -> list[float]:
+    """Gaps between consecutive tokens (one fewer than the tokens)."""
+    times = timeline.token_times_s
+    return [times[i + 1] - times[i] for i in range(len(times) - 1)]
+
+
+def tpot_s(timeline: RequestTimeline) -> float | None:
+    """Mean time per output token after the first; None with fewer than two tokens."""
+    times = timeline.token_times_s
+    if len(times) < 2:
+        return None
+    return (times[-1] - times[0]) / (len(times) - 1)
+
+
+def meets_ttft(timeline: RequestTimeline) -> bool:
+    value = ttft_s(timeline)
+    return value is not None and value <= timeline.slo_ttft_s + SLO_EPS_S
+
+
+def meets_tpot(timeline: RequestTimeline) -> bool:
+    if not timeline.token_times_s or not timeline.finished:
+        return False
+    value = tpot_s(timeline)
+    return value is None or value <= timeline.slo_tbt_s + SLO_EPS_S
+
+
+def percentile(values: Sequence[float] | np.ndarray, q: float) -> float | None:
+    """The q-th percentile (0..100, linear interpolation); None for no values."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in [0, 100], got {q}")
+    if len(values) == 0:
+        return None
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+def run_duration_s(timelines: Sequence[RequestTimeline]) -> float:
+    """First arrival to last token (0.0 when nothing was served)."""
+    last = max((t.token_times_s[-1] for t in timelines if t.token_times_s), default=None)
+    if last is None:
+        return 0.0
+    return last - min(t.arrival_s for t in timelines)
+
+
+def _all_gaps(timelines: Sequence[RequestTimeline]) -> tuple[np.ndarray, np.ndarray]:
+    """(every inter-token gap, the S_B of its request), vectorised over all requests."""
+    served = [t for t in timelines if len(t.token_times_s) >= 2]
+    if not served:
+        empty = np.zeros(0, dtype=np.float64)
+        return empty, empty
+    lengths = np.fromiter((len(t.token_times_s) for t in served), dtype=np.int64)
+    times = np.concatenate([np.asarray(t.token_times_s, dtype=np.float64) for t in served])
+    gaps = np.diff(times)
+    keep = np.ones(len(gaps), dtype=bool)
+    keep[np.cumsum(lengths)[:-1] - 1] = False  # the jump from one request to the next
+    slos = np.repeat(np.fromiter((t.slo_tbt_s for t in served), dtype=np.float64), lengths - 1)
+    return gaps[keep], slos
+
+
+def summarize(timelines: Sequence[RequestTimeline], duration_s: float | None = None) -> SloSummary:
+    """Attainment, goodput, throughput and latency percentiles of one run."""
+    if duration_s is not None and duration_s < 0:
+        raise ValueError(f"duration_s must be >= 0, got {duration_s}")
+    n = len(timelines)
+    duration = run_duration_s(timelines) if duration_s is None else duration_s
+    ttfts = [v for v in (ttft_s(t) for t in timelines) if v is not None]
+    ttft_ok = [meets_ttft(t) for t in timelines]
+    tpot_ok = [meets_tpot(t) for t in timelines]
+    gaps, gap_slos = _all_gaps(timelines)
+    num_tokens = sum(len(t.token_times_s) for t in timelines)
+    num_good = sum(1 for a, b in zip(ttft_ok, tpot_ok, strict=True) if a and b)
+    return SloSummary(
+        num_requests=n,
+        num_served=len(ttfts),
+        num_unfinished=sum(1 for t in timelines if not t.finished),
+        ttft_attainment=sum(ttft_ok) / n if n else 1.0,
+        tbt_attainment=float(np.mean(gaps <= gap_slos + SLO_EPS_S)) if len(gaps) else 1.0,
+        tpot_attainment=sum(tpot_ok) / n if n else 1.0,
+        goodput_rps=num_good / duration if duration > 0 else 0.0,
+        output_tokens_per_s=num_tokens / duration if duration > 0 else 0.0,
+        ttft_p50_s=percentile(ttfts, 50),
+        ttft_p99_s=percentile(ttfts, 99),
+        tbt_p50_s=percentile(gaps, 50),
+        tbt_p99_s=percentile(gaps, 99),
+        duration_s=duration,
+        num_output_tokens=num_tokens,
+    )
