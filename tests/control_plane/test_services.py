@@ -266,3 +266,20 @@ async def test_knob_change_reaches_the_next_plans(redis_client, stories_path) ->
     await services.stop()
     assert policy == "vllm"
     assert elapsed < 1.0, f"knob change took {elapsed:.2f} s to reach a plan"
+
+
+async def test_one_control_plane_steers_two_workers(
+    redis_client, stories_setup, stories_path
+) -> None:
+    prompts, offline = stories_setup
+    await write_knobs(redis_client, {"policy": "lvf", "slo_ttft_s": 0.05, "slo_tbt_s": 0.01})
+    first = Services(redis_client, _worker_settings(stories_path, worker_id="w0"))
+    second = Services(redis_client, _worker_settings(stories_path, worker_id="w1"))
+    first.start_control_plane()
+    await _push(redis_client, [_submit(i, prompts[i]) for i in range(3)], worker_id="w0")
+    await _push(redis_client, [_submit(i, prompts[i]) for i in range(3, 6)], worker_id="w1")
+    tokens = await _collect(redis_client, {f"req-{i}" for i in range(6)})
+    await second.stop()
+    await first.stop()
+    assert [tokens[f"req-{i}"] for i in range(6)] == offline
+    assert first.worker.planner.num_remote > 0 and second.worker.planner.num_remote > 0

@@ -202,3 +202,16 @@ def test_tiny_random_runs_without_files() -> None:
         [SamplingParams(max_tokens=5, temperature=0)],
     )
     assert len(results[0].token_ids) == 5
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_runs_and_tracks_fp32(stories_path: Path, dtype: str) -> None:
+    import torch
+
+    loaded = load_model(str(stories_path), dtype=dtype)
+    assert loaded.config.dtype == getattr(torch, dtype)
+    engine = build_engine(loaded, EngineConfig())
+    assert engine.executor.kv_cache.dtype == getattr(torch, dtype)  # type: ignore[attr-defined]
+    results = generate(engine, [[1]], [SamplingParams(max_tokens=8, temperature=0)])
+    # Low precision may drift later on; the first greedy tokens of a trained model agree.
+    assert results[0].token_ids[:4] == STORIES_REFERENCE_TOKENS[:4]
