@@ -1,15 +1,14 @@
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 import pytest
 import torch
 
-try:  # the GPU machine has no redis client; only the service tests need it
+with contextlib.suppress(ImportError):  # the GPU machine has no redis client
     from tests.redis_support import redis_client  # noqa: F401 - a fixture for every test
-except ImportError:
-    pass
 
 # The kit beside the checkout (../shared); SUPERINFER_KIT points elsewhere (the GPU machine).
 # Tiny models on a shared 2-core machine: OpenMP worker threads that spin-wait starve the
