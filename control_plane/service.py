@@ -14,13 +14,13 @@ from typing import Any
 
 import structlog
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from control_plane.settings import ControlPlaneSettings
 from shared import streams
 from shared.knobs import read_knobs
 from shared.policy import Knobs, RequestState, RequestView, Snapshot, make_plan
 from shared.protocol import ProtocolError, RotationPlan, StateSnapshot, decode, encode
+from shared.runtime import loop_with_backoff
 
 log = structlog.get_logger(__name__)
 
@@ -100,15 +100,7 @@ class ControlPlane:
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("control_plane_started")
-        backoff_s = 0.05
-        while not stop.is_set():
-            try:
-                await self._iterate()
-                backoff_s = 0.05
-            except RedisError as exc:  # Redis away or restarted: back off, never die of it
-                log.error("redis_error", error=str(exc), retry_in_s=backoff_s)
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(2.0, backoff_s * 2)
+        await loop_with_backoff(self._iterate, stop)
         log.info("control_plane_stopped", num_plans=self.num_plans)
 
     async def _iterate(self) -> None:

@@ -36,6 +36,7 @@ from shared.protocol import (
     decode,
     encode,
 )
+from shared.runtime import loop_with_backoff
 
 log = structlog.get_logger(__name__)
 
@@ -65,18 +66,12 @@ class Worker:
         await self._ensure_group()
         await self._read_requests(pending=True)
         log.info("worker_started", worker_id=self.settings.worker_id, epoch=self.epoch)
-        backoff_s = 0.05
-        while not stop.is_set():
-            try:
-                await self._iterate()
-                backoff_s = 0.05
-            except RedisError as exc:  # Redis away or restarted: back off, never die of it
-                log.error("redis_error", error=str(exc), retry_in_s=backoff_s)
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(2.0, backoff_s * 2)
-                if "NOGROUP" in str(exc) or "no longer exists" in str(exc):
-                    await self._ensure_group()
+        await loop_with_backoff(self._iterate, stop, self._after_redis_error)
         log.info("worker_stopped", worker_id=self.settings.worker_id)
+
+    async def _after_redis_error(self, exc: RedisError) -> None:
+        if "NOGROUP" in str(exc) or "no longer exists" in str(exc):
+            await self._ensure_group()
 
     async def _iterate(self) -> None:
         busy = self.engine.has_unfinished()

@@ -6,6 +6,11 @@ import asyncio
 import signal
 from collections.abc import Awaitable, Callable
 
+import structlog
+from redis.exceptions import RedisError
+
+log = structlog.get_logger(__name__)
+
 
 async def run_until_signalled(service: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     stop = asyncio.Event()
@@ -13,3 +18,23 @@ async def run_until_signalled(service: Callable[[asyncio.Event], Awaitable[None]
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await service(stop)
+
+
+async def loop_with_backoff(
+    iterate: Callable[[], Awaitable[None]],
+    stop: asyncio.Event,
+    on_error: Callable[[RedisError], Awaitable[None]] | None = None,
+) -> None:
+    """Call ``iterate`` until ``stop``; a Redis error (server away or restarted) is logged and
+    retried with exponential backoff (50 ms doubling to 2 s): a service never dies of one."""
+    backoff_s = 0.05
+    while not stop.is_set():
+        try:
+            await iterate()
+            backoff_s = 0.05
+        except RedisError as exc:
+            log.error("redis_error", error=str(exc), retry_in_s=backoff_s)
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(2.0, backoff_s * 2)
+            if on_error is not None:
+                await on_error(exc)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from data_plane.engine.engine import Engine
 from data_plane.kv.manager import KVCacheManager
+from data_plane.kv.tiered import TieredKVCacheManager
 from data_plane.sim.clock import VirtualClock
 from data_plane.sim.executor import SimulatedExecutor
-from data_plane.sim.kv import SimKVCacheManager, SimTieredKVCacheManager
 from data_plane.sim.transfer import DuplexLink, SimulatedTransferEngine, naive_link
 from shared.costmodel import CostProfile, auto_b_xfer_blocks, iteration_time_s, kv_block_bytes
 from shared.policy import Knobs, make_plan
@@ -97,7 +97,7 @@ def build_parts(policy: str, knobs: Knobs, setup: SimSetup) -> SimParts:
     if policy in ROTATING_POLICIES and setup.num_dram_blocks > 0:
         link = DuplexLink(profile) if setup.transfer == "duplex" else naive_link(profile)
         transfer = SimulatedTransferEngine(clock, link, setup.block_bytes)
-        kv = SimTieredKVCacheManager(
+        kv = TieredKVCacheManager(
             setup.num_hbm_blocks,
             setup.num_dram_blocks,
             profile.block_size_tokens,
@@ -106,7 +106,7 @@ def build_parts(policy: str, knobs: Knobs, setup: SimSetup) -> SimParts:
             eager_sync=setup.eager_sync,
         )
     else:
-        kv = SimKVCacheManager(setup.num_hbm_blocks, profile.block_size_tokens)
+        kv = KVCacheManager(setup.num_hbm_blocks, profile.block_size_tokens)
     plan_knobs = dataclasses.replace(knobs, policy=policy, b_xfer=None if auto_profile else b_xfer)
     engine = Engine(
         executor=executor,
