@@ -183,7 +183,7 @@ async def test_control_plane_crash_and_restart(redis_client, stories_setup, stor
 
     async def kill_midway(finished: set[str]) -> None:
         nonlocal killed
-        if not killed and services.worker.planner.num_remote > 5:
+        if not killed and services.worker.planner.num_remote > 2:
             await services.kill_control_plane()
             killed = True
 
