@@ -43,11 +43,18 @@ def _fields(cls: type) -> list[tuple[str, Any]]:
 
 
 def _to_wire(value: Any) -> Any:
+    if type(value) in _SCALARS:
+        return value
+    if isinstance(value, list | tuple):
+        if all(type(v) in _SCALARS for v in value):
+            return list(value)
+        return [_to_wire(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return [_to_wire(getattr(value, name)) for name, _ in _fields(type(value))]
-    if isinstance(value, list | tuple):
-        return [_to_wire(v) for v in value]
     return value
+
+
+_SCALARS = frozenset({int, float, str, bool, bytes, type(None)})
 
 
 def encode(msg: Any) -> bytes:
@@ -75,16 +82,42 @@ def decode(data: bytes, expected: type[T] | None = None) -> T:
     return typing.cast(T, _build(cls, raw["d"], cls.__name__))
 
 
+_Accept = typing.Callable[[Any], bool]
+_PLANS: dict[type, list[tuple[str, Any, _Accept | None]]] = {}
+_EXACT = {int: int, str: str, bool: bool, float: float}
+
+
+def _fast_accept(hint: Any) -> _Accept | None:
+    """A cheap exact-type test for scalar and optional-scalar fields (the common case); values
+    it does not accept go through the full check, which converts or raises."""
+    if hint in _EXACT:
+        exact = _EXACT[hint]
+        return lambda v: type(v) is exact
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 2:
+        (inner,) = [a for a in args if a is not type(None)] or [None]
+        if inner in _EXACT and type(None) in args:
+            exact = _EXACT[inner]
+            return lambda v: v is None or type(v) is exact
+    return None
+
+
+def _plan(cls: type) -> list[tuple[str, Any, _Accept | None]]:
+    if cls not in _PLANS:
+        _PLANS[cls] = [(name, hint, _fast_accept(hint)) for name, hint in _fields(cls)]
+    return _PLANS[cls]
+
+
 def _build(cls: type, data: Any, path: str) -> Any:
-    fields = _fields(cls)
-    if not isinstance(data, list) or len(data) != len(fields):
-        raise ProtocolError(f"{path}: expected {len(fields)} fields")
-    values = {
-        name: _check(hint, value, f"{path}.{name}")
-        for (name, hint), value in zip(fields, data, strict=True)
-    }
+    plan = _plan(cls)
+    if not isinstance(data, list) or len(data) != len(plan):
+        raise ProtocolError(f"{path}: expected {len(plan)} fields")
+    values = [
+        value if accept is not None and accept(value) else _check(hint, value, f"{path}.{name}")
+        for (name, hint, accept), value in zip(plan, data, strict=True)
+    ]
     try:
-        return cls(**values)
+        return cls(*values)
     except (TypeError, ValueError) as exc:
         raise ProtocolError(f"{path}: {exc}") from exc
 
