@@ -18,36 +18,18 @@ from redis.asyncio import Redis
 from control_plane.settings import ControlPlaneSettings
 from shared import streams
 from shared.knobs import read_knobs
-from shared.policy import Knobs, RequestState, RequestView, Snapshot, make_plan
-from shared.protocol import ProtocolError, RotationPlan, StateSnapshot, decode, encode
+from shared.policy import Knobs, Snapshot, make_plan
+from shared.protocol import RotationPlan, StateSnapshot, encode
+from shared.protocol.convert import stream_messages, view_from_row
 from shared.runtime import loop_with_backoff
 
 log = structlog.get_logger(__name__)
 
 
 def to_policy_snapshot(msg: StateSnapshot, b_xfer_blocks: int) -> Snapshot:
-    views = tuple(
-        RequestView(
-            request_id=r.request_id,
-            state=RequestState(r.state),
-            t_arr_s=r.t_arr_s,
-            num_tokens=r.num_tokens,
-            num_computed_tokens=r.num_computed_tokens,
-            num_blocks_hbm=r.num_blocks_hbm,
-            num_blocks_dram=r.num_blocks_dram,
-            t_run_s=r.t_run_s,
-            t_last_s=r.t_last_s,
-            priority=r.priority,
-            arrival_seq=r.arrival_seq,
-            slo_ttft_s=r.slo_ttft_s,
-            slo_tbt_s=r.slo_tbt_s,
-            resident=r.resident,
-        )
-        for r in msg.requests
-    )
     return Snapshot(
         t_now_s=msg.t_now_s,
-        requests=views,
+        requests=tuple(view_from_row(row) for row in msg.requests),
         num_free_hbm_blocks=msg.num_free_hbm_blocks,
         num_free_dram_blocks=msg.num_free_dram_blocks,
         block_size=msg.block_size,
@@ -114,15 +96,11 @@ class ControlPlane:
             {streams.SNAPSHOTS_STREAM: self._last_id}, count=512, block=self.settings.read_block_ms
         )
         newest: dict[str, StateSnapshot] = {}
-        for _, entries in response or []:
-            for entry_id, fields in entries:
-                self._last_id = entry_id
-                try:
-                    msg = decode(fields.get(b"m", b""), StateSnapshot)
-                except ProtocolError as exc:
-                    self.num_malformed += 1
-                    log.error("malformed_snapshot", entry_id=entry_id, error=str(exc))
-                    continue
+        for entry_id, msg in stream_messages(response, StateSnapshot, "malformed_snapshot"):
+            self._last_id = entry_id
+            if msg is None:
+                self.num_malformed += 1
+            else:
                 newest[msg.worker_id] = msg
         if newest:
             await self._publish_plans(list(newest.values()))

@@ -24,13 +24,16 @@ class HybridPlanner:
         self.num_local = 0
         self.last_snapshot: Snapshot | None = None
 
-    def offer(self, plan: RotationPlan) -> None:
-        """A plan arrived from the control plane (keep only the newest of this incarnation)."""
+    def offer(self, plan: RotationPlan) -> bool:
+        """A plan arrived from the control plane; keep it if it is the newest of this
+        incarnation. Returns whether it was kept."""
         if plan.epoch != self.epoch:
-            return
+            return False
         if self.remote is None or plan.snapshot_iteration > self.remote.snapshot_iteration:
             self.remote = plan
             self._remote_applied = False
+            return True
+        return False
 
     def __call__(self, snapshot: Snapshot) -> Plan:
         self.last_snapshot = snapshot

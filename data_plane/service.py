@@ -23,19 +23,20 @@ from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.tiered import TieredKVCacheManager
 from data_plane.planner import HybridPlanner
 from data_plane.settings import WorkerSettings
-from data_plane.snapshot import snapshot_message
 from shared import streams
 from shared.knobs import read_knobs
-from shared.policy import Knobs
+from shared.policy import Knobs, Snapshot
 from shared.protocol import (
     AbortRequest,
     ProtocolError,
     RotationPlan,
+    StateSnapshot,
     SubmitRequest,
     TokenOutput,
     decode,
     encode,
 )
+from shared.protocol.convert import row_from_view, stream_messages
 from shared.runtime import loop_with_backoff
 
 log = structlog.get_logger(__name__)
@@ -159,18 +160,12 @@ class Worker:
 
     async def _read_plans(self) -> None:
         response: Any = await self.redis.xread({self.plans_stream: self._last_plan_id}, count=64)
-        for _, entries in response or []:
-            for entry_id, fields in entries:
-                self._last_plan_id = entry_id
-                try:
-                    plan = decode(fields.get(b"m", b""), RotationPlan)
-                except ProtocolError as exc:
-                    self.num_malformed += 1
-                    log.error("malformed_plan_message", entry_id=entry_id, error=str(exc))
-                    continue
-                self.planner.offer(plan)
-                if isinstance(self.engine.kv, TieredKVCacheManager):
-                    self.engine.kv.b_xfer_blocks = max(1, plan.b_xfer_blocks)
+        for entry_id, plan in stream_messages(response, RotationPlan, "malformed_plan_message"):
+            self._last_plan_id = entry_id
+            if plan is None:
+                self.num_malformed += 1
+            elif self.planner.offer(plan) and isinstance(self.engine.kv, TieredKVCacheManager):
+                self.engine.kv.b_xfer_blocks = max(1, plan.b_xfer_blocks)
 
     async def _heartbeat(self) -> None:
         now = time.time()
@@ -207,7 +202,7 @@ class Worker:
                     self._reply[out.request_id] = (stream, sent + len(out.new_token_ids))
             snapshot = self.planner.last_snapshot
             if snapshot is not None:
-                msg_bytes = encode(snapshot_message(self, snapshot, iteration_time_s))
+                msg_bytes = encode(self._snapshot_message(snapshot, iteration_time_s))
                 pipe.xadd(
                     streams.SNAPSHOTS_STREAM,
                     {"m": msg_bytes},
@@ -215,6 +210,33 @@ class Worker:
                     approximate=True,
                 )
             await pipe.execute()
+
+    def _snapshot_message(self, snapshot: Snapshot, iteration_time_s: float) -> StateSnapshot:
+        kv = self.engine.kv
+        rows = []
+        for view in snapshot.requests:
+            table = kv.tables.get(view.request_id)
+            rows.append(row_from_view(view, table.num_synced if table else 0))
+        dram = getattr(kv, "dram", None)
+        return StateSnapshot(
+            worker_id=self.settings.worker_id,
+            epoch=self.epoch,
+            iteration=snapshot.iteration,
+            t_now_s=snapshot.t_now_s,
+            requests=rows,
+            num_free_hbm_blocks=snapshot.num_free_hbm_blocks,
+            num_free_dram_blocks=snapshot.num_free_dram_blocks,
+            num_hbm_blocks=kv.hbm.num_blocks,
+            num_dram_blocks=dram.num_blocks if dram is not None else 0,
+            block_size=snapshot.block_size,
+            block_bytes=self.block_bytes,
+            max_num_batched_tokens=snapshot.max_num_batched_tokens,
+            max_num_seqs=snapshot.max_num_seqs,
+            b_xfer_blocks=snapshot.b_xfer_blocks,
+            iteration_time_s=iteration_time_s,
+            link_bytes_per_s=0.0,  # not measured yet: B_xfer "auto" keeps the current budget
+            plan_source=self.planner.source,
+        )
 
     async def _xadd(self, stream: str, data: bytes, maxlen: int) -> Any:
         return await self.redis.xadd(stream, {"m": data}, maxlen=maxlen, approximate=True)

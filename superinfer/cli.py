@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic_settings import BaseSettings
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -76,40 +80,39 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _data_plane(args: argparse.Namespace) -> int:
+def _run_service(
+    settings_cls: type[BaseSettings],
+    serve: Callable[..., Awaitable[None]],
+    args: argparse.Namespace,
+) -> int:
+    """Settings from the environment (SUPERINFER_*) overridden by the flags given; JSON logs;
+    run until SIGINT/SIGTERM."""
     import asyncio
 
-    from data_plane.main import serve
-    from data_plane.settings import WorkerSettings
     from shared.logs import configure_logging
     from shared.runtime import run_until_signalled
 
     overrides = {
-        k: v for k, v in vars(args).items() if k in WorkerSettings.model_fields and v is not None
+        k: v for k, v in vars(args).items() if k in settings_cls.model_fields and v is not None
     }
-    settings = WorkerSettings(**overrides)
+    settings = settings_cls(**overrides)
     configure_logging()
     asyncio.run(run_until_signalled(lambda stop: serve(settings, stop)))
     return 0
+
+
+def _data_plane(args: argparse.Namespace) -> int:
+    from data_plane.main import serve
+    from data_plane.settings import WorkerSettings
+
+    return _run_service(WorkerSettings, serve, args)
 
 
 def _control_plane(args: argparse.Namespace) -> int:
-    import asyncio
-
     from control_plane.main import serve
     from control_plane.settings import ControlPlaneSettings
-    from shared.logs import configure_logging
-    from shared.runtime import run_until_signalled
 
-    overrides = {
-        k: v
-        for k, v in vars(args).items()
-        if k in ControlPlaneSettings.model_fields and v is not None
-    }
-    settings = ControlPlaneSettings(**overrides)
-    configure_logging()
-    asyncio.run(run_until_signalled(lambda stop: serve(settings, stop)))
-    return 0
+    return _run_service(ControlPlaneSettings, serve, args)
 
 
 def _add_service_parsers(sub: argparse._SubParsersAction) -> None:

@@ -44,6 +44,6 @@ def check_stop(
 
 
 def _decode_output(request: Request, tokenizer: Tokenizer) -> str:
-    prompt_text = tokenizer.decode(request.prompt_token_ids)
-    full = tokenizer.decode(request.all_token_ids)
-    return full[len(prompt_text) :]
+    if request.prompt_text_len is None:
+        request.prompt_text_len = len(tokenizer.decode(request.prompt_token_ids))
+    return tokenizer.decode(request.all_token_ids)[request.prompt_text_len :]

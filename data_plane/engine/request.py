@@ -38,6 +38,7 @@ class Request:
     t_first_token_s: float | None = None
     finish_reason: FinishReason | None = None
     text: str = ""
+    prompt_text_len: int | None = None  # length of the decoded prompt (stop-string checks)
     num_preemptions: int = 0
     num_rotations: int = 0
 

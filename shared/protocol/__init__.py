@@ -1,12 +1,12 @@
 """Wire messages between the services: msgpack, typed, versioned; malformed input raises
-:class:`ProtocolError` (callers log and skip it)."""
+:class:`ProtocolError` (callers log and skip it). Knob changes travel as a versioned Redis hash
+(`shared.knobs`), not as messages."""
 
 from __future__ import annotations
 
 from shared.protocol.codec import SCHEMA_VERSION, ProtocolError, decode, encode
 from shared.protocol.messages import (
     AbortRequest,
-    KnobsChanged,
     RequestRow,
     RotationPlan,
     StateSnapshot,
@@ -17,7 +17,6 @@ from shared.protocol.messages import (
 __all__ = [
     "SCHEMA_VERSION",
     "AbortRequest",
-    "KnobsChanged",
     "ProtocolError",
     "RequestRow",
     "RotationPlan",

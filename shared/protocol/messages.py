@@ -123,12 +123,3 @@ class TokenOutput:
     finish_reason: str | None = None
     error: str | None = None
     num_prompt_tokens: int = 0
-
-
-# ---- knobs ---------------------------------------------------------------------------------
-
-
-@message("knobs")
-@dataclass(frozen=True, slots=True)
-class KnobsChanged:
-    version: int

@@ -1,4 +1,4 @@
-"""VLT (SUPERINFER.md §3) and LVF (§4) on hand-built snapshots, step by step.
+"""LVF (SUPERINFER.md §4) on hand-built snapshots, step by step (VLT: test_policy_vlt.py).
 
 Block size 16 throughout; times in seconds with t_now = 10 unless a test says otherwise.
 """
@@ -7,185 +7,22 @@ from __future__ import annotations
 
 import pytest
 
-from shared.policy import Knobs, Plan, RequestState, RequestView, Snapshot, make_plan, vlt
+from shared.policy import Knobs, RequestState, RequestView, Snapshot, make_plan
 from shared.policy.common import growth_blocks, make_chunk, pack_schedule
 from shared.policy.lvf import _head_scan
 from shared.policy.types import ScheduledChunk
 from shared.policy.vlt import vlt_scores
-
-BS = 16
-T_NOW = 10.0
-LVF = Knobs(policy="lvf")
-
-
-def running(
-    rid: str,
-    *,
-    t_run: float,
-    blocks: int = 2,
-    pending: int = 1,
-    dram: int = 0,
-    resident: bool = True,
-    seq: int = 0,
-    t_last: float | None = T_NOW,
-) -> RequestView:
-    """A running request holding ``blocks`` blocks, computed up to mid-block (a decode needs
-    no new block when ``pending`` is 1), that generated a token at ``t_last``."""
-    computed = blocks * BS - BS // 2
-    return RequestView(
-        rid,
-        RequestState.RUNNING,
-        t_arr_s=t_run - 1.0,
-        num_tokens=computed + pending,
-        num_computed_tokens=computed,
-        num_blocks_hbm=blocks,
-        num_blocks_dram=dram,
-        t_run_s=t_run,
-        t_last_s=t_last,
-        arrival_seq=seq,
-        resident=resident,
-    )
-
-
-def waiting(
-    rid: str, *, t_arr: float, blocks: int = 2, seq: int = 0, slo_ttft: float | None = None
-) -> RequestView:
-    return RequestView(
-        rid,
-        RequestState.WAITING,
-        t_arr_s=t_arr,
-        num_tokens=blocks * BS,
-        arrival_seq=seq,
-        slo_ttft_s=slo_ttft,
-    )
-
-
-def rotary(
-    rid: str, *, t_last: float, blocks: int = 2, seq: int = 0, slo_tbt: float | None = None
-) -> RequestView:
-    """A rotary request whose KV (``blocks`` blocks) sits in DRAM; it needs ``blocks`` blocks
-    back in HBM to run its next decode."""
-    return RequestView(
-        rid,
-        RequestState.ROTARY,
-        t_arr_s=t_last - 5.0,
-        num_tokens=blocks * BS,
-        num_computed_tokens=blocks * BS - 1,
-        num_blocks_dram=blocks,
-        t_run_s=t_last - 4.0,
-        t_last_s=t_last,
-        arrival_seq=seq,
-        slo_tbt_s=slo_tbt,
-    )
-
-
-def snap(
-    *views: RequestView,
-    free: int,
-    xfer: int = 0,
-    dram: int = 1000,
-    seqs: int = 64,
-    budget: int = 8192,
-    t_now: float = T_NOW,
-) -> Snapshot:
-    return Snapshot(
-        t_now_s=t_now,
-        requests=tuple(views),
-        num_free_hbm_blocks=free,
-        num_free_dram_blocks=dram,
-        block_size=BS,
-        max_num_batched_tokens=budget,
-        max_num_seqs=seqs,
-        b_xfer_blocks=xfer,
-    )
-
-
-def ids(chunks: list[ScheduledChunk]) -> list[str]:
-    return [chunk.request_id for chunk in chunks]
-
-
-def check_plan(snapshot: Snapshot, plan: Plan) -> None:
-    """What every LVF plan must satisfy, whatever the scenario."""
-    states = {v.request_id: v for v in snapshot.requests}
-    chosen = plan.admit_ids + plan.resume_ids
-    leaving = plan.rotate_out_ids + plan.preempt_ids
-    assert not set(chosen) & set(leaving)
-    assert len(set(chosen + leaving)) == len(chosen + leaving)
-    staying = sum(v.state is RequestState.RUNNING for v in snapshot.requests) - len(leaving)
-    assert staying + len(chosen) <= snapshot.max_num_seqs
-    assert plan.num_scheduled_tokens <= snapshot.max_num_batched_tokens
-    for chunk in plan.schedule:
-        view = states[chunk.request_id]
-        assert chunk.request_id not in plan.resume_ids and chunk.request_id not in leaving
-        assert view.resident and 1 <= chunk.num_tokens <= view.num_tokens - view.num_computed_tokens
-
-
-# ---- VLT (§3) ------------------------------------------------------------------------------
-
-
-def test_vlt_waiting_lags_only_after_beta_f_times_ttft_slo() -> None:
-    view = waiting("w", t_arr=0.0)
-    assert vlt(view, 10.0, LVF) == pytest.approx(10.0 - 0.5 * 5.0)  # defaults: beta_F 0.5, S_F 5
-    assert vlt(view, 2.5, LVF) == 0.0  # exactly at the tolerance
-    assert vlt(view, 1.0, LVF) == 0.0  # ReLU: never negative
-    assert vlt(view, 10.0, Knobs(beta_f=0.0)) == pytest.approx(10.0)
-    assert vlt(view, 10.0, Knobs(beta_f=1.0)) == pytest.approx(5.0)
-    assert vlt(view, 10.0, Knobs(beta_f=3.0)) == 0.0
-    assert vlt(view, 10.0, Knobs(slo_ttft_s=2.0)) == pytest.approx(9.0)
-    # a request's own SLO class overrides the global S_F
-    assert vlt(waiting("w", t_arr=0.0, slo_ttft=2.0), 10.0, LVF) == pytest.approx(9.0)
-    assert vlt(waiting("w", t_arr=0.0, slo_ttft=30.0), 10.0, LVF) == 0.0
-
-
-def test_vlt_rotary_is_alpha_times_tbt_lag() -> None:
-    view = rotary("r", t_last=9.0)  # last token 1 s ago
-    assert vlt(view, 10.0, LVF) == pytest.approx(3.0)  # alpha 3, beta_B 0
-    assert vlt(view, 10.0, Knobs(alpha=1.0)) == pytest.approx(1.0)
-    assert vlt(view, 10.0, Knobs(alpha=0.0)) == 0.0
-    assert vlt(view, 10.0, Knobs(beta_b=5.0)) == pytest.approx(3.0 * (1.0 - 0.5))  # S_B 0.1
-    assert vlt(view, 10.0, Knobs(beta_b=-2.0)) == pytest.approx(3.0 * (1.0 + 0.2))
-    assert vlt(view, 10.0, Knobs(beta_b=20.0)) == 0.0  # within tolerance: ReLU
-    assert vlt(view, 10.0, Knobs(beta_b=5.0, slo_tbt_s=0.05)) == pytest.approx(3.0 * 0.75)
-    own_slo = rotary("r", t_last=9.0, slo_tbt=0.05)  # its own S_B beats the knob
-    assert vlt(own_slo, 10.0, Knobs(beta_b=5.0, slo_tbt_s=1.0)) == pytest.approx(3.0 * 0.75)
-    never_decoded = RequestView("r", RequestState.ROTARY, t_arr_s=8.0, num_tokens=4)
-    assert vlt(never_decoded, 10.0, LVF) == pytest.approx(6.0)  # t_last falls back to t_arr
-
-
-def test_vlt_running_falls_with_time_in_running() -> None:
-    assert vlt(running("x", t_run=4.0), 10.0, LVF) == pytest.approx(-6.0)
-    assert vlt(running("x", t_run=4.0), 10.0, Knobs(alpha=9.0, beta_f=2.0)) == pytest.approx(-6.0)
-    assert vlt(running("x", t_run=10.0), 10.0, LVF) == 0.0
-    fresh = RequestView("x", RequestState.RUNNING, t_arr_s=7.0, num_tokens=4)
-    assert vlt(fresh, 10.0, LVF) == pytest.approx(-3.0)  # t_run falls back to t_arr
-
-
-def test_vlt_scores_match_vlt_bit_for_bit() -> None:
-    views = [
-        waiting("w1", t_arr=0.3),
-        waiting("w2", t_arr=9.9),
-        waiting("w3", t_arr=1.0, slo_ttft=1.7),
-        rotary("r1", t_last=9.1),
-        rotary("r2", t_last=9.95, slo_tbt=0.03),
-        running("x1", t_run=3.3),
-        RequestView("x2", RequestState.RUNNING, t_arr_s=2.0, num_tokens=3),
-    ]
-    for knobs in (LVF, Knobs(alpha=0.7, beta_b=-1.5, beta_f=1.3, slo_ttft_s=3.0)):
-        assert vlt_scores(views, T_NOW, knobs) == [vlt(v, T_NOW, knobs) for v in views]
-
-
-def test_knobs_reject_invalid_values() -> None:
-    with pytest.raises(ValueError, match="alpha"):
-        Knobs(alpha=-0.1)
-    with pytest.raises(ValueError):
-        Knobs(slo_tbt_s=0.0)
-    with pytest.raises(ValueError, match="b_xfer"):
-        Knobs(b_xfer=-1)
-    with pytest.raises(ValueError, match="unknown policy"):
-        make_plan(snap(free=1), Knobs(policy="sjf"))
-
-
-# ---- step 1: the contention check ----------------------------------------------------------
+from tests.shared.policy_views import (
+    BS,
+    LVF,
+    T_NOW,
+    check_plan,
+    ids,
+    rotary,
+    running,
+    snap,
+    waiting,
+)
 
 
 def test_fcfs_fallback_when_free_hbm_after_growth_covers_waiting_and_rotary() -> None:
