@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 # pulling a multi-GB CUDA build through the looser `torch>=2.4` requirement.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: run test lint format bench clean install install-dev
+.PHONY: run generate test lint format bench clean install install-dev
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,9 @@ install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
 run: $(VENV)/.installed
+	$(VENV)/bin/superinfer serve --model tiny-random
+
+generate: $(VENV)/.installed
 	$(VENV)/bin/superinfer generate --model tiny-random --prompt "Hello, SuperInfer" \
 	  --prompt "Rotation hides under compute" --max-tokens 24
 

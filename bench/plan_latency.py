@@ -2,7 +2,10 @@
 process, for 256 and 4,096 requests. A stand-in worker publishes one snapshot per iteration
 (every --iteration-ms) and reads the plan back; an iteration whose plan had not arrived when the
 next iteration started counts as stalled (the worker would have planned locally instead of
-waiting). Ends with a RESULT line.
+waiting). The round trip is timed from the moment the worker has its policy columns: packing
+and encoding the snapshot, XADD, the control plane's read, decode, plan and XADD, and the
+worker's read and decode of the plan. Measuring starts once the control plane is up, after a
+few warm-up iterations. Ends with a RESULT line.
 
     .venv/bin/python bench/plan_latency.py [--redis-url URL] [--iterations 200]
 """
@@ -12,80 +15,94 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import random
 import statistics
 import subprocess
 import sys
 import time
 
+import numpy as np
 from redis.asyncio import Redis
 
 from shared import streams
 from shared.knobs import write_knobs
-from shared.protocol import RequestRow, RotationPlan, StateSnapshot, decode, encode
+from shared.policy.columns import ROTARY_CODE, RUNNING_CODE, WAITING_CODE, RequestColumns
+from shared.protocol import RotationPlan, StateSnapshot, decode, encode
+from shared.protocol.convert import table_from_columns
 
-STATES = ("running", "waiting", "rotary")
+WARMUP_ITERATIONS = 5  # the first plans after start-up (imports, connections) are not counted
+SNAPSHOT_SCALARS = dict(
+    num_free_hbm_blocks=200,
+    num_free_dram_blocks=100_000,
+    num_hbm_blocks=50_000,
+    num_dram_blocks=200_000,
+    block_size=16,
+    block_bytes=2 << 20,
+    max_num_batched_tokens=8192,
+    max_num_seqs=4096,
+    b_xfer_blocks=1200,
+    iteration_time_s=0.05,
+    link_bytes_per_s=5e10,
+    plan_source="remote",
+)
 
 
-def make_snapshot(num: int, iteration: int, rng: random.Random) -> StateSnapshot:
+def make_columns(num: int, rng: np.random.Generator) -> RequestColumns:
+    """Half running, a quarter waiting, a quarter rotary (by index mod 4), as the worker's
+    engine would report them: the policy columns the worker packs for the wire."""
     now = time.time()
-    rows = []
-    for index in range(num):
-        state = STATES[0] if index % 4 < 2 else STATES[index % 4 - 1]
-        computed = rng.randint(16, 2000) if state != "waiting" else 0
-        rows.append(
-            RequestRow(
-                f"req-{index}",
-                state,
-                now - rng.uniform(0, 30),
-                now - rng.uniform(0, 10) if state == "running" else None,
-                now - rng.uniform(0, 1) if state == "rotary" else None,
-                computed + rng.randint(1, 500),
-                computed,
-                -(-computed // 16) if state == "running" else 0,
-                -(-computed // 16) if state == "rotary" else 0,
-                0,
-                0,
-                None,
-                None,
-                True,
-                index,
-            )
-        )
+    kind = np.arange(num) % 4
+    states = np.where(kind < 2, RUNNING_CODE, np.where(kind == 2, WAITING_CODE, ROTARY_CODE))
+    running, rotary = states == RUNNING_CODE, states == ROTARY_CODE
+    computed = np.where(states != WAITING_CODE, rng.integers(16, 2001, num), 0)
+    blocks = -(-computed // 16)
+    nan = np.full(num, np.nan)
+    return RequestColumns(
+        request_ids=[f"req-{index}" for index in range(num)],
+        states=states.astype(np.uint8),
+        t_arr_s=now - rng.uniform(0, 30, num),
+        t_run_s=np.where(running, now - rng.uniform(0, 10, num), np.nan),
+        t_last_s=np.where(rotary, now - rng.uniform(0, 1, num), np.nan),
+        slo_ttft_s=nan,
+        slo_tbt_s=nan,
+        num_tokens=computed + rng.integers(1, 501, num),
+        num_computed_tokens=computed,
+        num_blocks_hbm=np.where(running, blocks, 0),
+        num_blocks_dram=np.where(rotary, blocks, 0),
+        priority=np.zeros(num, np.int64),
+        arrival_seq=np.arange(num, dtype=np.int64),
+        resident=np.ones(num, np.bool_),
+    )
+
+
+def snapshot_message(columns: RequestColumns, iteration: int) -> StateSnapshot:
+    """What the worker publishes: the columns packed into a table, plus the scalars."""
     return StateSnapshot(
         "bench-w",
         "epoch-1",
         iteration,
-        now,
-        rows,
-        200,
-        100_000,
-        50_000,
-        200_000,
-        16,
-        2 << 20,
-        8192,
-        4096,
-        1200,
-        0.05,
-        5e10,
-        "remote",
+        time.time(),
+        table_from_columns(columns),
+        **SNAPSHOT_SCALARS,  # type: ignore[arg-type]
     )
 
 
 async def measure(
     redis: Redis, num: int, iterations: int, period_s: float
 ) -> tuple[list[float], int]:
-    rng = random.Random(0)
+    rng = np.random.default_rng(0)
     plans = streams.worker_plans_stream("bench-w")
     last = (await redis.xrevrange(plans, count=1) or [(b"0-0", {})])[0][0]
     latencies: list[float] = []
     stalled = 0
     for iteration in range(iterations):
-        msg = make_snapshot(num, iteration, rng)
-        t_sent = time.perf_counter()
+        columns = make_columns(num, rng)
+        t_sent = time.perf_counter()  # from here: pack + encode, the round trip, decode
+        msg = snapshot_message(columns, iteration)
         await redis.xadd(
-            streams.SNAPSHOTS_STREAM, {"m": encode(msg)}, maxlen=1000, approximate=True
+            streams.SNAPSHOTS_STREAM,
+            {"m": encode(msg)},
+            maxlen=streams.MAXLEN_SNAPSHOTS,  # as the worker does
+            approximate=True,
         )
         got = None
         while got is None:
@@ -111,9 +128,23 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[int(q) - 1] * 1e3
 
 
+async def wait_until_ready(redis: Redis, timeout_s: float = 60.0) -> None:
+    """Until the control plane's heartbeat appears (it sets it before its first read)."""
+    deadline = time.monotonic() + timeout_s
+    while not await redis.exists(streams.CONTROL_PLANE_HEARTBEAT_KEY):
+        if time.monotonic() > deadline:
+            raise SystemExit("the control plane did not start")
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)  # its first XREAD is on its way
+
+
 async def main_async(args: argparse.Namespace) -> None:
     redis = Redis.from_url(args.redis_url)
-    await redis.delete(streams.SNAPSHOTS_STREAM, streams.worker_plans_stream("bench-w"))
+    await redis.delete(
+        streams.SNAPSHOTS_STREAM,
+        streams.worker_plans_stream("bench-w"),
+        streams.CONTROL_PLANE_HEARTBEAT_KEY,
+    )
     await write_knobs(redis, {"policy": "lvf"})
     env = {**os.environ, "SUPERINFER_REDIS_URL": args.redis_url}
     proc = subprocess.Popen(
@@ -123,7 +154,8 @@ async def main_async(args: argparse.Namespace) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        await asyncio.sleep(2.0)
+        await wait_until_ready(redis)
+        await measure(redis, 256, WARMUP_ITERATIONS, args.iteration_ms / 1e3)  # not counted
         results = {}
         for num in (256, 4096):
             lat, stalled = await measure(redis, num, args.iterations, args.iteration_ms / 1e3)
@@ -147,7 +179,11 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/9")
+    parser.add_argument(
+        "--redis-url",
+        default="redis://127.0.0.1:6379/8",
+        help="a database of its own (the tests use db 9); the bench clears its streams",
+    )
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument(
         "--iteration-ms",

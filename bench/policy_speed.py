@@ -1,11 +1,21 @@
-"""How long one LVF plan takes on the engine's hot path (SUPERINFER.md §4, §5: the plan for
-iteration i+1 is computed while iteration i runs, so it must stay far below one iteration).
+"""How long one LVF plan takes (SUPERINFER.md §4, §5: the plan for iteration i+1 is computed
+while iteration i runs, so it must stay far below one iteration).
 
 Snapshots of 256, 1,024 and 4,096 requests mix running (mostly decodes, a few prefill chunks,
 some just resumed), waiting (in queue order, a few preempted ones at the front) and rotary
 requests (in rotation order) under memory contention, so every call takes LVF's full path
 (ranking, head scan, tail scan, packing) rather than the FCFS fallback. Each size is planned
->= 200 times after a warm-up; p50/p99 of ``time.perf_counter`` per call are printed.
+>= 200 times after a warm-up; p50/p99 of ``time.perf_counter`` per call are printed for
+
+- ``columns``: the columnar LVF on a ``ColumnarSnapshot`` (the control plane's path: its
+  snapshots arrive as packed columns), the full plan including the batch's chunks. The RESULT
+  line's ``p50_ms_*``/``p99_ms_*`` are this path;
+- ``views``: the view-walking LVF on the engine's ``Snapshot`` of ``RequestView`` objects (the
+  worker's local fallback), ``views_*`` in the RESULT line;
+- ``convert``: building the columns from the views once (``columnar_from_snapshot``), which a
+  caller holding only views would pay on top of ``columns``.
+
+Both paths make the same plan (checked here, and by tests/shared/test_policy_columnar.py).
 
     .venv/bin/python bench/policy_speed.py [--calls 500] [--profile]
 """
@@ -17,7 +27,15 @@ import random
 import statistics
 import time
 
-from shared.policy import Knobs, RequestState, RequestView, Snapshot, make_plan
+from shared.policy import (
+    ColumnarSnapshot,
+    Knobs,
+    RequestState,
+    RequestView,
+    Snapshot,
+    columnar_from_snapshot,
+    make_plan,
+)
 
 BLOCK_SIZE = 16
 T_NOW_S = 10_000.0
@@ -102,7 +120,7 @@ def make_snapshot(num_requests: int, seed: int = 0) -> Snapshot:
     )
 
 
-def time_calls(snapshot: Snapshot, knobs: Knobs, calls: int) -> list[float]:
+def time_calls(snapshot: Snapshot | ColumnarSnapshot, knobs: Knobs, calls: int) -> list[float]:
     """Per-call wall time in ms, after a warm-up of 20 calls."""
     for _ in range(20):
         make_plan(snapshot, knobs)
@@ -119,6 +137,43 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def convert_ms(snapshot: Snapshot, calls: int) -> float:
+    """Median time to build the columns from the views, in ms."""
+    times = []
+    for _ in range(max(5, calls // 20)):
+        start = time.perf_counter()
+        columnar_from_snapshot(snapshot)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def measure(size: int, knobs: Knobs, calls: int) -> dict[str, float]:
+    snapshot = make_snapshot(size)
+    columnar = columnar_from_snapshot(snapshot)
+    plan = make_plan(columnar, knobs)
+    if plan.fcfs_fallback or not plan.rotate_out_ids:
+        raise SystemExit(f"{size}: the snapshot does not exercise LVF's full path")
+    if make_plan(snapshot, knobs) != plan:
+        raise SystemExit(f"{size}: the columnar and view plans differ")
+    columns_ms = time_calls(columnar, knobs, calls)
+    views_ms = time_calls(snapshot, knobs, calls)
+    stats = {
+        "p50": statistics.median(columns_ms),
+        "p99": percentile(columns_ms, 0.99),
+        "views_p50": statistics.median(views_ms),
+        "views_p99": percentile(views_ms, 0.99),
+        "convert": convert_ms(snapshot, calls),
+    }
+    print(
+        f"lvf n={size:>5}: columns p50 {stats['p50']:.3f} ms  p99 {stats['p99']:.3f} ms | "
+        f"views p50 {stats['views_p50']:.3f} ms  p99 {stats['views_p99']:.3f} ms | "
+        f"convert {stats['convert']:.3f} ms  (admit {len(plan.admit_ids)}, resume "
+        f"{len(plan.resume_ids)}, rotate out {len(plan.rotate_out_ids)}, scheduled "
+        f"{len(plan.schedule)})"
+    )
+    return stats
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=500, help="timed calls per size (>= 200)")
@@ -127,30 +182,21 @@ def main() -> None:
     if args.calls < 200:
         raise SystemExit("--calls must be >= 200")
     knobs = Knobs(policy="lvf")
-    stats: dict[int, tuple[float, float]] = {}
-    for size in SIZES:
-        snapshot = make_snapshot(size)
-        plan = make_plan(snapshot, knobs)
-        if plan.fcfs_fallback or not plan.rotate_out_ids:
-            raise SystemExit(f"{size}: the snapshot does not exercise LVF's full path")
-        times = time_calls(snapshot, knobs, args.calls)
-        stats[size] = (statistics.median(times), percentile(times, 0.99))
-        print(
-            f"lvf n={size:>5}: p50 {stats[size][0]:.3f} ms  p99 {stats[size][1]:.3f} ms  "
-            f"(admit {len(plan.admit_ids)}, resume {len(plan.resume_ids)}, rotate out "
-            f"{len(plan.rotate_out_ids)}, scheduled {len(plan.schedule)})"
-        )
+    stats = {size: measure(size, knobs, args.calls) for size in SIZES}
     if args.profile:
         import cProfile
         import pstats
 
-        snapshot = make_snapshot(SIZES[-1])
+        snapshot = columnar_from_snapshot(make_snapshot(SIZES[-1]))
         profiler = cProfile.Profile()
         profiler.runcall(time_calls, snapshot, knobs, args.calls)
         pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
+    big, mid, small = stats[4096], stats[1024], stats[256]
     print(
-        f"RESULT policy_speed p50_ms_4096={stats[4096][0]:.3f} p99_ms_4096={stats[4096][1]:.3f}"
-        f" p50_ms_1024={stats[1024][0]:.3f} p99_ms_256={stats[256][1]:.3f}"
+        f"RESULT policy_speed p50_ms_4096={big['p50']:.3f} p99_ms_4096={big['p99']:.3f}"
+        f" p50_ms_1024={mid['p50']:.3f} p99_ms_256={small['p99']:.3f}"
+        f" views_p50_ms_4096={big['views_p50']:.3f} views_p99_ms_4096={big['views_p99']:.3f}"
+        f" convert_ms_4096={big['convert']:.3f}"
     )
 
 

@@ -3,16 +3,98 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from typing import Any
 
+import structlog
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from control_plane.service import ControlPlane
 from control_plane.settings import ControlPlaneSettings
+from shared.health import redis_reachable, serve_health
+from shared.knobs import knobs_from_mapping, write_knobs
+from shared.slo import slo_classes_from_mapping, write_slo_classes
+from shared.streams import KNOBS_KEY, SLO_CLASSES_KEY
+
+log = structlog.get_logger(__name__)
+
+
+class ControlPlaneCollector(Collector):
+    """Prometheus metrics read from the control plane at scrape time."""
+
+    def __init__(self, control: ControlPlane) -> None:
+        self.control = control
+
+    def collect(self) -> Iterator[Metric]:
+        plans = CounterMetricFamily("superinfer_control_plane_plans", "plans published")
+        plans.add_metric([], float(self.control.num_plans))
+        yield plans
+        malformed = CounterMetricFamily(
+            "superinfer_control_plane_malformed_messages", "snapshots skipped (malformed)"
+        )
+        malformed.add_metric([], float(self.control.num_malformed))
+        yield malformed
+        version = GaugeMetricFamily(
+            "superinfer_control_plane_knobs_version",
+            "version of the knobs in use, by policy",
+            labels=["policy"],
+        )
+        version.add_metric([self.control.knobs.policy], float(self.control.knobs_version))
+        yield version
+
+
+async def apply_config(
+    redis: Redis,
+    knobs: dict[str, Any] | None,
+    classes: dict[str, Any] | None,
+    overwrite: bool = False,
+) -> None:
+    """Write the knobs and SLO classes unless Redis already has some (or ``overwrite``)."""
+    if knobs and (overwrite or not await redis.hexists(KNOBS_KEY, "version")):
+        _, version = await write_knobs(redis, knobs)
+        log.info("config_knobs_written", version=version)
+    if classes and (overwrite or not await redis.hexists(SLO_CLASSES_KEY, "version")):
+        _, version = await write_slo_classes(redis, classes)
+        log.info("config_slo_classes_written", version=version, classes=sorted(classes))
+
+
+async def _apply_config_with_retry(
+    redis: Redis, settings: ControlPlaneSettings, stop: asyncio.Event
+) -> None:
+    if not settings.knobs and not settings.slo_classes:
+        return
+    knobs_from_mapping(settings.knobs or {})  # a bad value fails the start, before any write
+    if settings.slo_classes:
+        slo_classes_from_mapping(settings.slo_classes)
+    backoff_s = 0.05
+    while not stop.is_set():
+        try:
+            await apply_config(
+                redis, settings.knobs, settings.slo_classes, settings.config_overwrite
+            )
+            return
+        except RedisError as exc:
+            log.error("redis_error", error=str(exc), retry_in_s=backoff_s)
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(2.0, backoff_s * 2)
 
 
 async def serve(settings: ControlPlaneSettings, stop: asyncio.Event) -> None:
     redis = Redis.from_url(settings.redis_url)
+    control = ControlPlane(settings, redis)
+    registry = CollectorRegistry()
+    registry.register(ControlPlaneCollector(control))
+
+    async def ready() -> bool:
+        return await redis_reachable(redis)
+
     try:
-        await ControlPlane(settings, redis).run(stop)
+        async with serve_health(settings.health_port, ready, registry, settings.health_host):
+            await _apply_config_with_retry(redis, settings, stop)
+            await control.run(stop)
     finally:
         await redis.aclose()

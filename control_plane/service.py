@@ -18,18 +18,21 @@ from redis.asyncio import Redis
 from control_plane.settings import ControlPlaneSettings
 from shared import streams
 from shared.knobs import read_knobs
-from shared.policy import Knobs, Snapshot, make_plan
+from shared.policy import ColumnarSnapshot, Knobs, Plan, make_plan
+from shared.policy.lvf_columnar import lvf_columnar
 from shared.protocol import RotationPlan, StateSnapshot, encode
-from shared.protocol.convert import stream_messages, view_from_row
+from shared.protocol.convert import columns_from_table, stream_messages
 from shared.runtime import loop_with_backoff
 
 log = structlog.get_logger(__name__)
 
 
-def to_policy_snapshot(msg: StateSnapshot, b_xfer_blocks: int) -> Snapshot:
-    return Snapshot(
+def to_policy_snapshot(msg: StateSnapshot, b_xfer_blocks: int) -> ColumnarSnapshot:
+    """The policy's input, straight from the message's packed columns (no per-request
+    object: LVF plans on the columns; the view-walking policies get views made for them)."""
+    return ColumnarSnapshot(
         t_now_s=msg.t_now_s,
-        requests=tuple(view_from_row(row) for row in msg.requests),
+        requests=columns_from_table(msg.requests),
         num_free_hbm_blocks=msg.num_free_hbm_blocks,
         num_free_dram_blocks=msg.num_free_dram_blocks,
         block_size=msg.block_size,
@@ -52,7 +55,12 @@ def resolve_b_xfer(knobs: Knobs, msg: StateSnapshot) -> int:
 
 def plan_for(msg: StateSnapshot, knobs: Knobs, knobs_version: int) -> RotationPlan:
     b_xfer = resolve_b_xfer(knobs, msg)
-    plan = make_plan(to_policy_snapshot(msg, b_xfer), knobs)
+    snapshot = to_policy_snapshot(msg, b_xfer)
+    plan: Plan
+    if knobs.policy == "lvf":  # only transitions travel: skip building the batch's chunks
+        plan = lvf_columnar(snapshot, knobs, with_schedule=False)
+    else:
+        plan = make_plan(snapshot, knobs)
     return RotationPlan(
         worker_id=msg.worker_id,
         epoch=msg.epoch,

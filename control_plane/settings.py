@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -12,3 +14,12 @@ class ControlPlaneSettings(BaseSettings):
     read_block_ms: int = 200
     knobs_poll_s: float = 0.2  # knob changes reach plans within this (target: 1 s)
     heartbeat_ttl_s: int = 5
+    health_port: int | None = None  # /health, /ready, /metrics on this port; None or 0: off
+    health_host: str = "0.0.0.0"
+    # Knobs ({"policy": "lvf", "b_xfer": "auto", ...}) and SLO classes ({"interactive":
+    # {"ttft_s": 1.0, "tbt_s": 0.05}, ...}), JSON in SUPERINFER_KNOBS / SUPERINFER_SLO_CLASSES
+    # (a Helm ConfigMap): written to Redis at start when Redis has none yet; with
+    # config_overwrite they replace what is there (admin API changes are lost at each start).
+    knobs: dict[str, Any] | None = None
+    slo_classes: dict[str, Any] | None = None
+    config_overwrite: bool = False

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
+from typing import Any
 
+import structlog
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 
 from data_plane.engine.config import EngineConfig
@@ -12,7 +19,10 @@ from data_plane.engine.llm import build_engine
 from data_plane.models import load_model
 from data_plane.service import Worker
 from data_plane.settings import WorkerSettings
+from shared.health import redis_reachable, serve_health
 from shared.policy import Knobs
+
+log = structlog.get_logger(__name__)
 
 
 def build_worker_engine(settings: WorkerSettings) -> tuple[Engine, int]:
@@ -33,11 +43,129 @@ def build_worker_engine(settings: WorkerSettings) -> tuple[Engine, int]:
     return engine, loaded.config.kv_bytes_per_token * settings.block_size
 
 
-async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
-    engine, block_bytes = build_worker_engine(settings)
-    redis = Redis.from_url(settings.redis_url)
+class WorkerState:
+    """What the health endpoint reports: the worker once its model is loaded, and whether it
+    is draining (not ready: finishing what it owns before exiting)."""
+
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self.worker: Worker | None = None
+        self.draining = False
+
+
+class WorkerCollector(Collector):
+    """Prometheus metrics read from the worker at scrape time."""
+
+    def __init__(self, state: WorkerState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        state, worker = self.state, self.state.worker
+        labels = ["worker_id"]
+        wid = [state.worker_id]
+        loaded = GaugeMetricFamily(
+            "superinfer_worker_ready", "1 once the model is loaded and not draining", labels=labels
+        )
+        loaded.add_metric(wid, float(worker is not None and not state.draining))
+        yield loaded
+        draining = GaugeMetricFamily(
+            "superinfer_worker_draining", "1 while finishing requests before exit", labels=labels
+        )
+        draining.add_metric(wid, float(state.draining))
+        yield draining
+        if worker is None:
+            return
+        iterations = CounterMetricFamily(
+            "superinfer_worker_iterations", "engine iterations run", labels=labels
+        )
+        iterations.add_metric(wid, float(worker.num_iterations))
+        yield iterations
+        malformed = CounterMetricFamily(
+            "superinfer_worker_malformed_messages", "stream messages skipped", labels=labels
+        )
+        malformed.add_metric(wid, float(worker.num_malformed))
+        yield malformed
+        engine = worker.engine
+        requests = GaugeMetricFamily(
+            "superinfer_worker_requests", "requests by state", labels=[*labels, "state"]
+        )
+        for name in ("running", "waiting", "rotary"):
+            requests.add_metric([*wid, name], float(len(getattr(engine, name, ()))))
+        yield requests
+        blocks = GaugeMetricFamily(
+            "superinfer_worker_kv_blocks", "KV blocks per tier", labels=[*labels, "tier"]
+        )
+        free = GaugeMetricFamily(
+            "superinfer_worker_kv_free_blocks", "free KV blocks per tier", labels=[*labels, "tier"]
+        )
+        for tier in ("hbm", "dram"):
+            pool: Any = getattr(engine.kv, tier, None)
+            if pool is not None:
+                blocks.add_metric([*wid, tier], float(pool.num_blocks))
+                free.add_metric([*wid, tier], float(pool.num_free))
+        yield blocks
+        yield free
+
+
+async def _run_and_drain(
+    worker: Worker, state: WorkerState, stop: asyncio.Event, drain_timeout_s: float
+) -> None:
+    """Run the worker until ``stop``; then stay up (not ready) until the engine has finished
+    the requests it owns, or ``drain_timeout_s`` passed, and only then stop the worker."""
+    worker_stop = asyncio.Event()
+    run = asyncio.create_task(worker.run(worker_stop))
+    stopped = asyncio.create_task(stop.wait())
     try:
-        await Worker(settings, engine, redis, block_bytes).run(stop)
+        await asyncio.wait({run, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not run.done():
+            state.draining = True
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + drain_timeout_s
+            log.info("worker_draining", worker_id=state.worker_id, timeout_s=drain_timeout_s)
+            while worker.engine.has_unfinished() and loop.time() < deadline and not run.done():
+                await asyncio.sleep(0.05)
+            if worker.engine.has_unfinished():
+                log.warning("worker_drain_timed_out", worker_id=state.worker_id)
+            worker_stop.set()
+        await run
     finally:
-        engine.close()
+        stopped.cancel()
+        if not run.done():
+            worker_stop.set()
+            run.cancel()
+
+
+async def _wait_for_redis(redis: Redis, stop: asyncio.Event) -> None:
+    """Until Redis answers (or ``stop``): the worker's start-up commands are not retried."""
+    delay_s = 0.05
+    while not stop.is_set() and not await redis_reachable(redis):
+        log.warning("waiting_for_redis", retry_in_s=delay_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay_s)
+        delay_s = min(2.0, delay_s * 2)
+
+
+async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
+    """Health endpoint first (liveness answers while the model loads in a thread), then the
+    worker; on ``stop`` it drains (see :func:`_run_and_drain`)."""
+    redis = Redis.from_url(settings.redis_url)
+    state = WorkerState(settings.worker_id)
+    registry = CollectorRegistry()
+    registry.register(WorkerCollector(state))
+
+    async def ready() -> bool:
+        return state.worker is not None and not state.draining and await redis_reachable(redis)
+
+    try:
+        async with serve_health(settings.health_port, ready, registry, settings.health_host):
+            engine, block_bytes = await asyncio.to_thread(build_worker_engine, settings)
+            try:
+                await _wait_for_redis(redis, stop)
+                if stop.is_set():
+                    return
+                state.worker = Worker(settings, engine, redis, block_bytes)
+                await _run_and_drain(state.worker, state, stop, settings.drain_timeout_s)
+            finally:
+                engine.close()
+    finally:
         await redis.aclose()

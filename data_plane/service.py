@@ -9,6 +9,7 @@ reply stream and the iteration's snapshot to the control plane.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from typing import Any
@@ -25,7 +26,7 @@ from data_plane.planner import HybridPlanner
 from data_plane.settings import WorkerSettings
 from shared import streams
 from shared.knobs import read_knobs
-from shared.policy import Knobs, Snapshot
+from shared.policy import Knobs, Snapshot, columns_from_views
 from shared.protocol import (
     AbortRequest,
     ProtocolError,
@@ -33,11 +34,13 @@ from shared.protocol import (
     StateSnapshot,
     SubmitRequest,
     TokenOutput,
+    WorkerStatus,
     decode,
     encode,
 )
-from shared.protocol.convert import row_from_view, stream_messages
+from shared.protocol.convert import stream_messages, table_from_columns
 from shared.runtime import loop_with_backoff
+from shared.tokenizer import served_model_name
 
 log = structlog.get_logger(__name__)
 
@@ -51,6 +54,8 @@ class Worker:
         self.redis = redis
         self.block_bytes = block_bytes
         self.epoch = uuid.uuid4().hex[:12]
+        self.model_name = served_model_name(settings.model)
+        engine.clock = time.time  # the wire's times (t_arr_s, ...) are unix seconds
         knobs = Knobs(policy=settings.policy, b_xfer=settings.b_xfer)
         self.planner = HybridPlanner(knobs, settings.plan_max_age_iterations, self.epoch)
         engine.planner = self.planner
@@ -60,6 +65,9 @@ class Worker:
         self._last_plan_id = "0-0"
         self._knobs_version = -1
         self._last_heartbeat_s = 0.0
+        self._busy_time_s = 0.0  # iteration time summed since the last heartbeat
+        self._busy_iterations = 0
+        self._lifecycle: list[tuple[str, dict[str, Any]]] = []  # request id -> fields to set
         self.num_iterations = 0
         self.num_malformed = 0
 
@@ -68,6 +76,8 @@ class Worker:
         await self._read_requests(pending=True)
         log.info("worker_started", worker_id=self.settings.worker_id, epoch=self.epoch)
         await loop_with_backoff(self._iterate, stop, self._after_redis_error)
+        with contextlib.suppress(RedisError):
+            await self.redis.hdel(streams.WORKERS_KEY, self.settings.worker_id)
         log.info("worker_stopped", worker_id=self.settings.worker_id)
 
     async def _after_redis_error(self, exc: RedisError) -> None:
@@ -84,7 +94,10 @@ class Worker:
         t_start = time.perf_counter()
         outputs = await asyncio.to_thread(self.engine.step)
         self.num_iterations += 1
-        await self._publish(outputs, time.perf_counter() - t_start)
+        iteration_time_s = time.perf_counter() - t_start
+        self._busy_time_s += iteration_time_s
+        self._busy_iterations += 1
+        await self._publish(outputs, iteration_time_s)
 
     async def _ensure_group(self) -> None:
         try:
@@ -152,6 +165,9 @@ class Worker:
             await self._xadd(msg.reply_stream, encode(error), streams.MAXLEN_OUTPUTS)
             return
         self._reply[msg.request_id] = (msg.reply_stream, 0)
+        self._lifecycle.append(
+            (msg.request_id, {"worker_id": self.settings.worker_id, "admitted_s": time.time()})
+        )
         log.info(
             "request_admitted",
             request_id=msg.request_id,
@@ -169,37 +185,63 @@ class Worker:
 
     async def _heartbeat(self) -> None:
         now = time.time()
-        if now - self._last_heartbeat_s < 1.0:
+        if now - self._last_heartbeat_s < self.settings.heartbeat_interval_s:
             return
         self._last_heartbeat_s = now
-        await self.redis.hset(streams.WORKERS_KEY, self.settings.worker_id, str(now))
+        status = encode(self._status(now))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(streams.WORKERS_KEY, self.settings.worker_id, status)
+            self._queue_lifecycle(pipe)
+            await pipe.execute()
         knobs, version = await read_knobs(self.redis)
         if version != self._knobs_version and version > 0:
             self.planner.knobs = knobs
             self._knobs_version = version
             log.info("knobs_reloaded", version=version, policy=knobs.policy)
 
+    def _status(self, now: float) -> WorkerStatus:
+        engine, kv = self.engine, self.engine.kv
+        stats = getattr(kv, "stats", None)
+        dram = getattr(kv, "dram", None)
+        block_bytes = self.block_bytes
+        mean_iteration_s = self._busy_time_s / max(1, self._busy_iterations)
+        self._busy_time_s, self._busy_iterations = 0.0, 0
+        return WorkerStatus(
+            worker_id=self.settings.worker_id,
+            epoch=self.epoch,
+            t_heartbeat_s=now,
+            model_name=self.model_name,
+            max_model_len=engine.max_model_len,
+            num_running=len(engine.running),
+            num_waiting=len(engine.waiting),
+            num_rotary=len(engine.rotary),
+            num_waiting_tokens=sum(len(r.prompt_token_ids) for r in engine.waiting),
+            num_hbm_blocks=kv.hbm.num_blocks,
+            num_free_hbm_blocks=kv.hbm.num_free,
+            num_dram_blocks=dram.num_blocks if dram is not None else 0,
+            num_free_dram_blocks=dram.num_free if dram is not None else 0,
+            max_num_batched_tokens=engine.max_num_batched_tokens,
+            iteration_time_s=mean_iteration_s,
+            plan_source=self.planner.source,
+            policy=self.planner.knobs.policy,
+            num_preemptions=engine.stats.num_preemptions,
+            num_rotations_out=engine.stats.num_rotations_out,
+            num_rotations_in=engine.stats.num_rotations_in,
+            bytes_h2d=stats.blocks_loaded * block_bytes if stats else 0,
+            bytes_d2h=(stats.blocks_synced + stats.blocks_evicted) * block_bytes if stats else 0,
+        )
+
+    def _queue_lifecycle(self, pipe: Any) -> None:
+        for request_id, fields in self._lifecycle:
+            key = streams.request_lifecycle_key(request_id)
+            pipe.hset(key, mapping=fields)
+            pipe.expire(key, streams.LIFECYCLE_TTL_S)
+        self._lifecycle.clear()
+
     async def _publish(self, outputs: list[RequestOutput], iteration_time_s: float) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
-            for out in outputs:
-                stream, sent = self._reply.get(out.request_id, (None, 0))
-                if stream is None:
-                    continue
-                error = out.error if out.finish_reason != "abort" else None
-                msg = TokenOutput(
-                    out.request_id,
-                    sent,
-                    out.new_token_ids,
-                    out.finish_reason.value if out.finish_reason else None,
-                    error,
-                )
-                pipe.xadd(
-                    stream, {"m": encode(msg)}, maxlen=streams.MAXLEN_OUTPUTS, approximate=True
-                )
-                if out.finished:
-                    del self._reply[out.request_id]
-                else:
-                    self._reply[out.request_id] = (stream, sent + len(out.new_token_ids))
+            self._queue_outputs(pipe, outputs)
+            self._queue_lifecycle(pipe)
             snapshot = self.planner.last_snapshot
             if snapshot is not None:
                 msg_bytes = encode(self._snapshot_message(snapshot, iteration_time_s))
@@ -211,19 +253,48 @@ class Worker:
                 )
             await pipe.execute()
 
+    def _queue_outputs(self, pipe: Any, outputs: list[RequestOutput]) -> None:
+        """Token messages to each request's reply stream; ``index`` counts tokens already
+        sent, so a gateway drops what a redelivery repeats."""
+        for out in outputs:
+            stream, sent = self._reply.get(out.request_id, (None, 0))
+            if stream is None:
+                continue
+            reason = out.finish_reason.value if out.finish_reason else None
+            msg = TokenOutput(
+                out.request_id,
+                sent,
+                out.new_token_ids,
+                reason,
+                out.error if reason != "abort" else None,
+                t_first_run_s=out.t_first_run_s if sent == 0 else None,
+                num_preemptions=out.num_preemptions,
+                num_rotations=out.num_rotations,
+            )
+            pipe.xadd(stream, {"m": encode(msg)}, maxlen=streams.MAXLEN_OUTPUTS, approximate=True)
+            if out.finished:
+                del self._reply[out.request_id]
+                fields = {"finished_s": time.time(), "finish_reason": reason or ""}
+                fields |= {"num_rotations": out.num_rotations}
+                fields |= {"num_preemptions": out.num_preemptions}
+                self._lifecycle.append((out.request_id, fields))
+            else:
+                self._reply[out.request_id] = (stream, sent + len(out.new_token_ids))
+
     def _snapshot_message(self, snapshot: Snapshot, iteration_time_s: float) -> StateSnapshot:
         kv = self.engine.kv
-        rows = []
-        for view in snapshot.requests:
-            table = kv.tables.get(view.request_id)
-            rows.append(row_from_view(view, table.num_synced if table else 0))
+        columns = columns_from_views(snapshot.requests)  # packed arrays on the wire
+        tables = kv.tables
+        synced = [
+            table.num_synced if (table := tables.get(rid)) else 0 for rid in columns.request_ids
+        ]
         dram = getattr(kv, "dram", None)
         return StateSnapshot(
             worker_id=self.settings.worker_id,
             epoch=self.epoch,
             iteration=snapshot.iteration,
             t_now_s=snapshot.t_now_s,
-            requests=rows,
+            requests=table_from_columns(columns, synced),
             num_free_hbm_blocks=snapshot.num_free_hbm_blocks,
             num_free_dram_blocks=snapshot.num_free_dram_blocks,
             num_hbm_blocks=kv.hbm.num_blocks,

@@ -27,3 +27,7 @@ class WorkerSettings(BaseSettings):
     plan_max_age_iterations: int = 4  # older remote plans are ignored; the worker plans locally
     read_batch: int = 256  # requests taken from the stream per iteration
     idle_block_ms: int = 50
+    heartbeat_interval_s: float = 0.5  # status for gateways (routing, readiness, metrics)
+    health_port: int | None = None  # /health, /ready, /metrics on this port; None or 0: off
+    health_host: str = "0.0.0.0"
+    drain_timeout_s: float = 30.0  # on SIGTERM: finish the requests it owns for up to this long

@@ -36,3 +36,16 @@ MAXLEN_REQUESTS = 100_000
 MAXLEN_PLANS = 1_000
 MAXLEN_SNAPSHOTS = 1_000
 MAXLEN_OUTPUTS = 100_000
+
+# Hash SLO class name -> msgpack {ttft_s, tbt_s}, plus "version" (written validated by the admin
+# API; gateways attach a class's S_F/S_B to each request).
+SLO_CLASSES_KEY = f"{PREFIX}:slo-classes"
+# Hash sha256(API key) -> msgpack {tenant, slo_class}: keys are never stored in the clear.
+API_KEYS_KEY = f"{PREFIX}:api-keys"
+# Per-request lifecycle hash (arrival, worker, admitted, rotations, first token, finish),
+# written by the gateway and the worker, expiring after LIFECYCLE_TTL_S.
+LIFECYCLE_TTL_S = 3600
+
+
+def request_lifecycle_key(request_id: str) -> str:
+    return f"{PREFIX}:request:{request_id}"

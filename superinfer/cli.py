@@ -135,12 +135,52 @@ def _add_service_parsers(sub: argparse._SubParsersAction) -> None:
         ("--policy", str),
         ("--b-xfer", int),
         ("--plan-max-age-iterations", int),
+        ("--health-port", int),
     ):
         worker.add_argument(flag, type=kind, default=None)
     worker.set_defaults(func=_data_plane)
     control = sub.add_parser("control-plane", help="VLT/LVF planning service")
     control.add_argument("--redis-url", default=None)
+    control.add_argument(
+        "--health-port", type=int, default=None, help="/health, /ready, /metrics (0: off)"
+    )
     control.set_defaults(func=_control_plane)
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    from gateway.main import serve
+    from gateway.settings import GatewaySettings
+
+    return _run_service(GatewaySettings, serve, args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from superinfer.serve import run_serve
+
+    return run_serve(args)
+
+
+def _add_gateway_parsers(sub: argparse._SubParsersAction) -> None:
+    from superinfer.serve import add_serve_arguments
+
+    gateway = sub.add_parser("gateway", help="the OpenAI-compatible gateway alone")
+    for flag, kind in (
+        ("--host", str),
+        ("--port", int),
+        ("--redis-url", str),
+        ("--gateway-id", str),
+        ("--model", str),
+        ("--tokenizer", str),
+        ("--served-model-name", str),
+    ):
+        gateway.add_argument(flag, type=kind, default=None)
+    gateway.add_argument(
+        "--admin-disabled", action="store_true", default=None, help="serve without /admin/v1"
+    )
+    gateway.set_defaults(func=_gateway)
+    serve = sub.add_parser("serve", help="gateway + control plane + one worker on one machine")
+    add_serve_arguments(serve)
+    serve.set_defaults(func=_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="one JSON line per prompt")
     gen.set_defaults(func=_generate)
     _add_service_parsers(sub)
+    _add_gateway_parsers(sub)
     from data_plane.sim.cli import add_simulate_arguments, run_simulate
 
     sim = sub.add_parser("simulate", help="policies on a trace in virtual time (cost model)")

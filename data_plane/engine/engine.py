@@ -17,8 +17,8 @@ from data_plane.engine.output import check_stop
 from data_plane.engine.request import FinishReason, Request, RequestError, RequestOutput
 from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.manager import KVCacheManager
-from data_plane.models.tokenizer import Tokenizer
 from shared.policy import Plan, RequestState, RequestView, Snapshot
+from shared.tokenizer import Tokenizer
 
 Planner = Callable[[Snapshot], Plan]
 
@@ -55,6 +55,7 @@ class Engine:
         eos_token_ids: tuple[int, ...] = (),
         tokenizer: Tokenizer | None = None,
         clock: Callable[[], float] = time.monotonic,
+        vocab_size: int | None = None,
     ) -> None:
         self.executor = executor
         self.kv = kv
@@ -65,6 +66,7 @@ class Engine:
         self.eos_token_ids = eos_token_ids
         self.tokenizer = tokenizer
         self.clock = clock
+        self.vocab_size = vocab_size
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
@@ -95,6 +97,10 @@ class Engine:
                 f"prompt has {len(prompt_token_ids)} tokens; the context holds "
                 f"{self.max_model_len} (prompt + at least one generated token)"
             )
+        if self.vocab_size is not None and not all(
+            0 <= t < self.vocab_size for t in prompt_token_ids
+        ):
+            raise RequestError(f"prompt token ids must be in 0..{self.vocab_size - 1}")
         needed = self.kv.blocks_for(len(prompt_token_ids) + 1)
         if needed > self.kv.hbm.num_blocks:
             raise RequestError(
@@ -218,6 +224,7 @@ class Engine:
             self.waiting.remove(request)
             request.state = RequestState.RUNNING
             request.t_run_s = now
+            request.t_first_run_s = request.t_first_run_s or now
             self.running.append(request)
 
     def _preempt(self, request: Request) -> None:
@@ -272,7 +279,14 @@ class Engine:
                 self._finish(request, reason)
             outputs.append(
                 RequestOutput(
-                    request.request_id, [token], len(request.output_token_ids), reason, delta
+                    request.request_id,
+                    [token],
+                    len(request.output_token_ids),
+                    reason,
+                    delta,
+                    t_first_run_s=request.t_first_run_s,
+                    num_preemptions=request.num_preemptions,
+                    num_rotations=request.num_rotations,
                 )
             )
         return outputs

@@ -72,6 +72,7 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, knobs: Knobs | None 
         max_model_len=max_model_len,
         eos_token_ids=model_cfg.eos_token_ids,
         tokenizer=loaded.tokenizer,
+        vocab_size=model_cfg.vocab_size,
     )
 
 

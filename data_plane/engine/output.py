@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from data_plane.engine.request import FinishReason, Request
-from data_plane.models.tokenizer import Tokenizer
+from shared.tokenizer import Tokenizer
 
 
 def check_stop(

@@ -36,6 +36,7 @@ class Request:
     t_run_s: float | None = None
     t_last_s: float | None = None
     t_first_token_s: float | None = None
+    t_first_run_s: float | None = None  # first admitted (queue time = this - t_arr_s)
     finish_reason: FinishReason | None = None
     text: str = ""
     prompt_text_len: int | None = None  # length of the decoded prompt (stop-string checks)
@@ -67,6 +68,9 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     text_delta: str = ""
     error: str | None = None
+    t_first_run_s: float | None = None
+    num_preemptions: int = 0
+    num_rotations: int = 0
 
     @property
     def finished(self) -> bool:

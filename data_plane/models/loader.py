@@ -13,7 +13,7 @@ import torch
 
 from data_plane.models.config import DTYPES, ModelConfig, ModelConfigError
 from data_plane.models.llama import DecoderLayer, LlamaModel
-from data_plane.models.tokenizer import ByteTokenizer, HFTokenizer, Llama2cTokenizer, Tokenizer
+from shared.tokenizer import ByteTokenizer, HFTokenizer, Llama2cTokenizer, Tokenizer
 
 TINY_RANDOM = "tiny-random"
 

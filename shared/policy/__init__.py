@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from shared.policy.columns import (
+    ColumnarSnapshot,
+    RequestColumns,
+    columnar_from_snapshot,
+    columns_from_views,
+)
 from shared.policy.registry import POLICY_NAMES, make_plan
 from shared.policy.types import (
     Knobs,
@@ -15,12 +21,16 @@ from shared.policy.vlt import vlt
 
 __all__ = [
     "POLICY_NAMES",
+    "ColumnarSnapshot",
     "Knobs",
     "Plan",
+    "RequestColumns",
     "RequestState",
     "RequestView",
     "ScheduledChunk",
     "Snapshot",
+    "columnar_from_snapshot",
+    "columns_from_views",
     "make_plan",
     "vlt",
 ]

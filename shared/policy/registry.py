@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+from shared.policy.columns import ColumnarSnapshot, snapshot_from_columnar
 from shared.policy.lvf import lvf
+from shared.policy.lvf_columnar import lvf_columnar
 from shared.policy.types import Knobs, Plan, RequestView, Snapshot
 from shared.policy.vllm import priority_key, vllm
 
 POLICY_NAMES = ("vllm", "vllm-priority", "swap", "edf", "lvf")
 
 
-def make_plan(snapshot: Snapshot, knobs: Knobs) -> Plan:
-    """The plan for one iteration under ``knobs.policy``."""
+def make_plan(snapshot: Snapshot | ColumnarSnapshot, knobs: Knobs) -> Plan:
+    """The plan for one iteration under ``knobs.policy``. A :class:`ColumnarSnapshot` is
+    planned column-wise by LVF; the other policies walk views, built for them from it."""
     name = knobs.policy
+    if isinstance(snapshot, ColumnarSnapshot):
+        if name == "lvf":
+            return lvf_columnar(snapshot, knobs)
+        snapshot = snapshot_from_columnar(snapshot)
     if name == "vllm":
         return vllm(snapshot)
     if name == "vllm-priority":

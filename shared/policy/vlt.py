@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
+from shared.policy.columns import ROTARY_CODE, WAITING_CODE, Floats, RequestColumns
 from shared.policy.types import Knobs, RequestState, RequestView
 
 _RUNNING = RequestState.RUNNING
@@ -56,4 +59,27 @@ def vlt_scores(views: Sequence[RequestView], t_now_s: float, knobs: Knobs) -> li
                 - (tol_b if slo is None else beta_b * slo)
             )
             append(alpha * (lag if lag > 0.0 else 0.0))
+    return scores
+
+
+def vlt_array(columns: RequestColumns, t_now_s: float, knobs: Knobs) -> Floats:
+    """``vlt`` of every request in ``columns``, bit for bit (the same float operations in the
+    same order, element-wise; NaN stands for None)."""
+    t_arr = columns.t_arr_s
+    t_run = np.where(np.isnan(columns.t_run_s), t_arr, columns.t_run_s)
+    scores = -(t_now_s - t_run)
+    states = columns.states
+    waiting = states == WAITING_CODE
+    if waiting.any():
+        slo = columns.slo_ttft_s
+        tol = np.where(np.isnan(slo), knobs.beta_f * knobs.slo_ttft_s, knobs.beta_f * slo)
+        lag = t_now_s - t_arr - tol
+        scores = np.where(waiting, np.where(lag > 0.0, lag, 0.0), scores)
+    rotary = states == ROTARY_CODE
+    if rotary.any():
+        slo = columns.slo_tbt_s
+        t_last = np.where(np.isnan(columns.t_last_s), t_arr, columns.t_last_s)
+        tol = np.where(np.isnan(slo), knobs.beta_b * knobs.slo_tbt_s, knobs.beta_b * slo)
+        lag = t_now_s - t_last - tol
+        scores = np.where(rotary, knobs.alpha * np.where(lag > 0.0, lag, 0.0), scores)
     return scores

@@ -12,6 +12,7 @@ from shared.protocol.messages import (
     StateSnapshot,
     SubmitRequest,
     TokenOutput,
+    WorkerStatus,
 )
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "StateSnapshot",
     "SubmitRequest",
     "TokenOutput",
+    "WorkerStatus",
     "decode",
     "encode",
 ]

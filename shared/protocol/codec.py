@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import msgpack
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: StateSnapshot carries a columnar RequestTable (packed arrays)
 T = TypeVar("T")
 _REGISTRY: dict[str, type] = {}
 _HINTS: dict[type, list[tuple[str, Any]]] = {}
@@ -46,7 +46,7 @@ def _to_wire(value: Any) -> Any:
     if type(value) in _SCALARS:
         return value
     if isinstance(value, list | tuple):
-        if all(type(v) in _SCALARS for v in value):
+        if _SCALARS.issuperset(map(type, value)):
             return list(value)
         return [_to_wire(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -84,16 +84,20 @@ def decode(data: bytes, expected: type[T] | None = None) -> T:
 
 _Accept = typing.Callable[[Any], bool]
 _PLANS: dict[type, list[tuple[str, Any, _Accept | None]]] = {}
-_EXACT = {int: int, str: str, bool: bool, float: float}
+_EXACT = {int: int, str: str, bool: bool, float: float, bytes: bytes}
 
 
 def _fast_accept(hint: Any) -> _Accept | None:
-    """A cheap exact-type test for scalar and optional-scalar fields (the common case); values
-    it does not accept go through the full check, which converts or raises."""
+    """A cheap exact-type test for scalar, optional-scalar and list-of-scalar fields (the
+    common case); values it does not accept go through the full check, which converts or
+    raises."""
     if hint in _EXACT:
         exact = _EXACT[hint]
         return lambda v: type(v) is exact
     args = typing.get_args(hint)
+    if typing.get_origin(hint) is list and len(args) == 1 and args[0] in _EXACT:
+        only = frozenset({_EXACT[args[0]]})
+        return lambda v: type(v) is list and only.issuperset(map(type, v))
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 2:
         (inner,) = [a for a in args if a is not type(None)] or [None]
         if inner in _EXACT and type(None) in args:
@@ -162,5 +166,9 @@ def _scalar(hint: Any, value: Any, path: str) -> Any:
     if hint is str:
         if not isinstance(value, str):
             raise ProtocolError(f"{path}: expected a string")
+        return value
+    if hint is bytes:
+        if not isinstance(value, bytes):
+            raise ProtocolError(f"{path}: expected binary data")
         return value
     raise ProtocolError(f"{path}: unsupported field type {hint}")

@@ -1,59 +1,129 @@
-"""Policy views <-> wire rows, both directions in one place (the worker encodes, the control
-plane decodes; a field added to one side must be added here)."""
+"""Policy columns <-> wire tables, both directions in one place (the worker encodes, the
+control plane decodes; a field added to one side must be added here), and the stream reader
+every service shares."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
+import numpy as np
+import numpy.typing as npt
 import structlog
 
-from shared.policy import RequestState, RequestView
+from shared.policy.columns import (
+    STATE_CODES,
+    STATES_BY_CODE,
+    PackedIds,
+    RequestColumns,
+    RequestIds,
+)
+from shared.policy.types import RequestState
 from shared.protocol.codec import ProtocolError, decode
-from shared.protocol.messages import RequestRow
+from shared.protocol.messages import TABLE_COLUMNS, RequestRow, RequestTable
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
+_INT_WIDTHS = ("<i1", "<i2", "<i4", "<i8")
 
 
-def row_from_view(view: RequestView, num_blocks_synced: int) -> RequestRow:
-    return RequestRow(
-        request_id=view.request_id,
-        state=view.state.value,
-        t_arr_s=view.t_arr_s,
-        t_run_s=view.t_run_s,
-        t_last_s=view.t_last_s,
-        num_tokens=view.num_tokens,
-        num_computed_tokens=view.num_computed_tokens,
-        num_blocks_hbm=view.num_blocks_hbm,
-        num_blocks_dram=view.num_blocks_dram,
-        num_blocks_synced=num_blocks_synced,
-        priority=view.priority,
-        slo_ttft_s=view.slo_ttft_s,
-        slo_tbt_s=view.slo_tbt_s,
-        resident=view.resident,
-        arrival_seq=view.arrival_seq,
+def table_from_columns(
+    columns: RequestColumns, num_blocks_synced: npt.ArrayLike | None = None
+) -> RequestTable:
+    """Pack ``columns`` (plus each request's DRAM blocks already synced, 0 when not given)
+    for the wire, each column as compact as ``TABLE_COLUMNS`` allows."""
+    num = len(columns)
+    synced = np.zeros(num, np.int64) if num_blocks_synced is None else num_blocks_synced
+    packed = {
+        name: _pack(name, kind, getattr(columns, name, None)) for name, kind in TABLE_COLUMNS.items()
+    }
+    text, lengths = _joined(columns.request_ids)
+    packed["id_lengths"] = _pack_ints(lengths)
+    packed["num_blocks_synced"] = _pack_ints(np.asarray(synced, np.int64))
+    return RequestTable(text, **packed)
+
+
+def _joined(ids: RequestIds) -> tuple[str, np.ndarray]:
+    if isinstance(ids, PackedIds):
+        return ids.text_and_lengths()
+    return "".join(ids), np.fromiter(map(len, ids), np.int64, len(ids))
+
+
+def _pack(name: str, kind: str, values: np.ndarray | None) -> bytes:
+    if values is None:
+        return b""  # filled in by the caller
+    if kind == "int":
+        return _pack_ints(values)
+    if kind == "flag":
+        return b"" if values.all() else values.astype(np.uint8).tobytes()
+    if kind == "code":
+        return values.astype(np.uint8).tobytes()
+    if kind == "opt" and np.isnan(values).all():
+        return b""
+    return np.ascontiguousarray(values, "<f8").tobytes()
+
+
+def _pack_ints(values: np.ndarray) -> bytes:
+    """The narrowest little-endian signed width that holds every value; nothing when all
+    are zero."""
+    if not len(values):
+        return b""
+    low, high = int(values.min()), int(values.max())
+    if low == high == 0:
+        return b""
+    for dtype in _INT_WIDTHS:
+        info = np.iinfo(dtype)
+        if info.min <= low and high <= info.max:
+            return values.astype(dtype).tobytes()
+    raise ValueError(f"integers out of the 64-bit range: {low}..{high}")
+
+
+def columns_from_table(table: RequestTable) -> RequestColumns:
+    """The policy's columns, straight from the packed arrays (validated on decode): no
+    per-request Python object."""
+    ids = PackedIds(table.request_ids, table.column("id_lengths"))
+    unused = ("id_lengths", "num_blocks_synced")  # not a policy input
+    fields = {name: table.column(name) for name in TABLE_COLUMNS if name not in unused}
+    return RequestColumns(request_ids=ids, **fields)
+
+
+def table_from_rows(rows: Sequence[RequestRow]) -> RequestTable:
+    """Rows (plain values) as a wire table. Raises ValueError for an unknown state."""
+    columns: dict[str, np.ndarray] = {}
+    for name, kind in TABLE_COLUMNS.items():
+        if name == "id_lengths":
+            continue
+        if name == "states":
+            values: list[Any] = [STATE_CODES[RequestState(row.state)] for row in rows]
+        else:
+            values = [getattr(row, name) for row in rows]
+        if kind in ("time", "opt"):
+            columns[name] = np.array([math.nan if v is None else v for v in values], np.float64)
+        else:
+            columns[name] = np.array(values, np.bool_ if kind == "flag" else np.int64)
+    text, lengths = _joined([row.request_id for row in rows])
+    return RequestTable(
+        text,
+        id_lengths=_pack_ints(lengths),
+        **{name: _pack(name, TABLE_COLUMNS[name], values) for name, values in columns.items()},
     )
 
 
-def view_from_row(row: RequestRow) -> RequestView:
-    """Raises ValueError for an unknown state string."""
-    return RequestView(
-        request_id=row.request_id,
-        state=RequestState(row.state),
-        t_arr_s=row.t_arr_s,
-        num_tokens=row.num_tokens,
-        num_computed_tokens=row.num_computed_tokens,
-        num_blocks_hbm=row.num_blocks_hbm,
-        num_blocks_dram=row.num_blocks_dram,
-        t_run_s=row.t_run_s,
-        t_last_s=row.t_last_s,
-        priority=row.priority,
-        arrival_seq=row.arrival_seq,
-        slo_ttft_s=row.slo_ttft_s,
-        slo_tbt_s=row.slo_tbt_s,
-        resident=row.resident,
-    )
+def rows_from_table(table: RequestTable) -> list[RequestRow]:
+    """One :class:`RequestRow` per request (NaN -> None)."""
+    names = [name for name in TABLE_COLUMNS if name != "id_lengths"]
+    lists = {name: table.column(name).tolist() for name in names}
+    for name in names:
+        if TABLE_COLUMNS[name] == "opt":
+            lists[name] = [None if math.isnan(v) else v for v in lists[name]]
+    rows = []
+    ids = PackedIds(table.request_ids, table.column("id_lengths"))
+    for i, request_id in enumerate(ids):
+        fields = {name: lists[name][i] for name in names if name != "states"}
+        state = STATES_BY_CODE[lists["states"][i]].value
+        rows.append(RequestRow(request_id=request_id, state=state, **fields))
+    return rows
 
 
 def stream_messages(response: Any, expected: type[T], event: str) -> Iterator[tuple[Any, T | None]]:

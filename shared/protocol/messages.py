@@ -3,7 +3,10 @@ services on different hosts agree; ids and counts only, never tensors."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from shared.protocol.codec import message
 
@@ -66,9 +69,116 @@ class RotationPlan:
 
 # ---- to the control plane (the snapshots stream) ------------------------------------------
 
+# RequestTable's packed columns, in field order, and how each is packed (little-endian):
+#   code: uint8 per request (states: 0 waiting, 1 running, 2 rotary)
+#   time: float64, finite (t_arr_s)
+#   opt:  float64, NaN where unknown; empty when unknown for every request
+#   int:  signed integers of 1, 2, 4 or 8 bytes, the smallest width that holds them all (the
+#         width follows from the length); empty when all are 0
+#   flag: uint8 0/1; empty when all are 1
+# ``states`` has one byte per request: its length is the number of requests.
+TABLE_COLUMNS: dict[str, str] = {
+    "id_lengths": "int",  # each request id's length, in code points, within request_ids
+    "states": "code",
+    "t_arr_s": "time",
+    "t_run_s": "opt",
+    "t_last_s": "opt",
+    "slo_ttft_s": "opt",
+    "slo_tbt_s": "opt",
+    "num_tokens": "int",
+    "num_computed_tokens": "int",
+    "num_blocks_hbm": "int",
+    "num_blocks_dram": "int",
+    "num_blocks_synced": "int",
+    "priority": "int",
+    "arrival_seq": "int",
+    "resident": "flag",
+}
+COLUMN_WIDTHS = {"code": (1,), "time": (8,), "opt": (0, 8), "int": (0, 1, 2, 4, 8), "flag": (0, 1)}
+_INT_DTYPES = {1: "<i1", 2: "<i2", 4: "<i4", 8: "<i8"}
+_NUM_STATES = 3
+_COUNTS = ("num_tokens", "num_computed_tokens", "num_blocks_hbm", "num_blocks_dram")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTable:
+    """Every request of a snapshot as columns: the ids concatenated, then one packed array per
+    field (``TABLE_COLUMNS``; row i of every column is request i), so that neither side builds
+    a per-request object (``shared.protocol.convert``). Validated when built, so on decode:
+    column sizes, id lengths that add up, known state codes, 0/1 flags, finite arrival times,
+    no infinite optional time or SLO, non-negative counts. Request ids are assumed unique (a
+    worker's are)."""
+
+    request_ids: str  # every request's id, concatenated (split by id_lengths)
+    id_lengths: bytes
+    states: bytes
+    t_arr_s: bytes
+    t_run_s: bytes
+    t_last_s: bytes
+    slo_ttft_s: bytes
+    slo_tbt_s: bytes
+    num_tokens: bytes
+    num_computed_tokens: bytes
+    num_blocks_hbm: bytes
+    num_blocks_dram: bytes
+    num_blocks_synced: bytes
+    priority: bytes
+    arrival_seq: bytes
+    resident: bytes
+
+    def __post_init__(self) -> None:
+        num = self.num_requests
+        for name, kind in TABLE_COLUMNS.items():
+            size = len(getattr(self, name))
+            width, extra = divmod(size, num) if num else (0, size)
+            if extra or (num and width not in COLUMN_WIDTHS[kind]):
+                raise ValueError(f"column {name} has {size} bytes for {num} requests")
+        if num:
+            self._check_values()
+        elif self.request_ids:
+            raise ValueError("request_ids without requests")
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.states)
+
+    def _check_values(self) -> None:
+        lengths = self.column("id_lengths")
+        if lengths.min() < 0 or lengths.sum() != len(self.request_ids):
+            raise ValueError("id_lengths do not add up to request_ids")
+        if self.column("states").max() >= _NUM_STATES:
+            raise ValueError("unknown state code in states")
+        if self.resident and np.frombuffer(self.resident, np.uint8).max() > 1:
+            raise ValueError("resident must be 0 or 1")
+        if not np.isfinite(self.column("t_arr_s")).all():
+            raise ValueError("t_arr_s must be finite")
+        for name in ("t_run_s", "t_last_s", "slo_ttft_s", "slo_tbt_s"):
+            if np.isinf(self.column(name)).any():
+                raise ValueError(f"{name} must be finite or NaN (unknown)")
+        for name in (*_COUNTS, "num_blocks_synced"):
+            if self.column(name).min() < 0:
+                raise ValueError(f"{name} must be >= 0")
+
+    def column(self, name: str) -> np.ndarray:
+        """Column ``name`` unpacked: uint8 codes, float64 (NaN: unknown), int64 or bool."""
+        data: bytes = getattr(self, name)
+        kind, num = TABLE_COLUMNS[name], self.num_requests
+        if kind == "int":
+            if not data:
+                return np.zeros(num, np.int64)
+            return np.frombuffer(data, _INT_DTYPES[len(data) // num]).astype(np.int64)
+        if kind == "flag":
+            return np.frombuffer(data, np.uint8).view(np.bool_) if data else np.ones(num, bool)
+        if kind == "code":
+            return np.frombuffer(data, np.uint8)
+        return np.frombuffer(data, "<f8") if data else np.full(num, np.nan)
+
 
 @dataclass(frozen=True, slots=True)
 class RequestRow:
+    """One request of a :class:`RequestTable`, as plain values (tests, debugging, tools;
+    ``shared.protocol.convert.rows_from_table`` / ``table_from_rows``)."""
+
     request_id: str
     state: str  # waiting | running | rotary
     t_arr_s: float
@@ -93,7 +203,7 @@ class StateSnapshot:
     epoch: str  # changes at every worker start, so iterations restart safely
     iteration: int
     t_now_s: float
-    requests: list[RequestRow]
+    requests: RequestTable
     num_free_hbm_blocks: int
     num_free_dram_blocks: int
     num_hbm_blocks: int
@@ -106,6 +216,16 @@ class StateSnapshot:
     iteration_time_s: float
     link_bytes_per_s: float  # measured rotation bandwidth (0 when unknown)
     plan_source: str  # remote | local
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if not math.isfinite(self.t_now_s):
+            raise ValueError("t_now_s must be finite")
+        for name in ("iteration_time_s", "link_bytes_per_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be finite and >= 0, got {value}")
 
 
 # ---- to a gateway (its output stream) -----------------------------------------------------
@@ -123,3 +243,38 @@ class TokenOutput:
     finish_reason: str | None = None
     error: str | None = None
     num_prompt_tokens: int = 0
+    t_first_run_s: float | None = None  # when the engine first scheduled it (queue time)
+    num_preemptions: int = 0  # set on the final message
+    num_rotations: int = 0  # set on the final message
+
+
+# ---- to gateways and operators (the workers hash, refreshed every heartbeat) -------------
+
+
+@message("worker_status")
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    """A worker's health and load, for routing, readiness, /metrics and the admin API."""
+
+    worker_id: str
+    epoch: str
+    t_heartbeat_s: float
+    model_name: str
+    max_model_len: int
+    num_running: int
+    num_waiting: int
+    num_rotary: int
+    num_waiting_tokens: int  # prompt tokens not yet computed, over waiting requests
+    num_hbm_blocks: int
+    num_free_hbm_blocks: int
+    num_dram_blocks: int
+    num_free_dram_blocks: int
+    max_num_batched_tokens: int
+    iteration_time_s: float  # mean over the last heartbeat period (0 when idle)
+    plan_source: str  # remote | local
+    policy: str
+    num_preemptions: int
+    num_rotations_out: int
+    num_rotations_in: int
+    bytes_h2d: int
+    bytes_d2h: int

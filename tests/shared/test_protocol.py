@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.protocol import (
+    SCHEMA_VERSION,
     AbortRequest,
     ProtocolError,
     RequestRow,
@@ -20,6 +23,14 @@ from shared.protocol import (
     decode,
     encode,
 )
+from shared.protocol.convert import columns_from_table, rows_from_table, table_from_rows
+from shared.protocol.messages import TABLE_COLUMNS, RequestTable
+
+ROWS = [
+    RequestRow("a", "running", 1.0, 2.0, None, 10, 9, 3, 1, 1, 0, None, 0.1, True, 4),
+    RequestRow("b", "waiting", 1.5, None, None, 7, 0, 0, 0, 0, -2, 3.0, None, True, 5),
+    RequestRow("c", "rotary", 0.5, 1.0, 2.5, 40, 39, 0, 3, 3, 1, None, None, False, 2**40),
+]
 
 SAMPLES = [
     SubmitRequest(
@@ -32,7 +43,7 @@ SAMPLES = [
         "e1",
         12,
         3.0,
-        [RequestRow("a", "running", 1.0, 2.0, None, 10, 9, 3, 1, 1, 0, None, 0.1, True, 4)],
+        table_from_rows(ROWS),
         10,
         20,
         30,
@@ -58,11 +69,12 @@ def test_round_trip(msg) -> None:
 def test_wrong_version_type_and_fields_are_rejected() -> None:
     raw = msgpack.unpackb(encode(SAMPLES[1]))
     for bad in (
-        {**raw, "v": 2},
+        {**raw, "v": SCHEMA_VERSION - 1},  # the per-row snapshot format
+        {**raw, "v": SCHEMA_VERSION + 1},
         {**raw, "t": "nope"},
         {**raw, "d": []},
         {**raw, "d": [5]},
-        {"v": 1},
+        {"v": SCHEMA_VERSION},
         [1, 2],
     ):
         with pytest.raises(ProtocolError):
@@ -100,4 +112,86 @@ _values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4), max_
 )
 def test_well_framed_garbage_raises_only_protocol_error(tag: str, fields: list) -> None:
     with contextlib.suppress(ProtocolError):
-        decode(msgpack.packb({"v": 1, "t": tag, "d": fields}))
+        decode(msgpack.packb({"v": SCHEMA_VERSION, "t": tag, "d": fields}))
+
+
+# ---- the columnar snapshot (schema 2) --------------------------------------------------------
+
+
+def _snapshot_fields() -> list:
+    return msgpack.unpackb(encode(SAMPLES[3]))["d"]
+
+
+def _table_field(name: str) -> int:
+    return [f.name for f in dataclasses.fields(RequestTable)].index(name)
+
+
+def test_snapshot_rows_round_trip_through_the_packed_table() -> None:
+    msg = decode(encode(SAMPLES[3]), StateSnapshot)
+    assert rows_from_table(msg.requests) == ROWS
+    assert table_from_rows([]) == decode(encode(table_snapshot([])), StateSnapshot).requests
+
+
+def table_snapshot(rows: list[RequestRow]) -> StateSnapshot:
+    return dataclasses.replace(SAMPLES[3], requests=table_from_rows(rows))
+
+
+def test_columns_take_the_narrowest_width_and_defaults_take_none() -> None:
+    table = SAMPLES[3].requests
+    assert len(table.num_tokens) == 3  # 10, 7, 40: one byte each
+    assert len(table.arrival_seq) == 3 * 8  # 2**40 needs 8
+    assert len(table.priority) == 3  # -2..1
+    assert table.slo_ttft_s and table.slo_tbt_s  # some request has one
+    uniform = table_from_rows([dataclasses.replace(r, resident=True, priority=0) for r in ROWS])
+    assert uniform.resident == b"" and uniform.priority == b""
+    assert rows_from_table(uniform)[2].resident is True
+    no_slo = table_from_rows([dataclasses.replace(r, slo_ttft_s=None) for r in ROWS])
+    assert no_slo.slo_ttft_s == b"" and rows_from_table(no_slo)[0].slo_ttft_s is None
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "error"),
+    [
+        ("states", b"\x01\x00", "bytes for 2 requests"),  # one row short: the others are long
+        ("states", b"\x01\x00\x03", "state code"),
+        ("resident", b"\x01\x00\x02", "resident"),
+        ("t_arr_s", np.array([1.0, np.nan, 2.0]).tobytes(), "t_arr_s"),
+        ("t_last_s", np.array([1.0, np.inf, np.nan]).tobytes(), "t_last_s"),
+        ("num_tokens", np.array([1, -1, 2], "<i4").tobytes(), "num_tokens"),
+        ("arrival_seq", bytes(9), "arrival_seq"),  # 3-byte integers do not exist
+        ("t_arr_s", b"", "t_arr_s"),  # arrival times cannot be left out
+        ("states", b"", "for 0 requests"),
+        ("request_ids", "ab", "add up"),
+        ("request_ids", ["a", "b", "c"], "string"),
+        ("id_lengths", b"\x01\xff\x03", "add up"),  # -1
+        ("slo_tbt_s", [1.0, 2.0, 3.0], "binary"),
+    ],
+)
+def test_malformed_snapshot_tables_are_rejected(column: str, value: object, error: str) -> None:
+    fields = _snapshot_fields()
+    fields[4][_table_field(column)] = value
+    with pytest.raises(ProtocolError, match=error):
+        decode(msgpack.packb({"v": SCHEMA_VERSION, "t": "snapshot", "d": fields}))
+
+
+@pytest.mark.parametrize(
+    ("index", "value"), [(3, float("nan")), (9, 0), (14, float("inf")), (15, -1.0)]
+)
+def test_malformed_snapshot_scalars_are_rejected(index: int, value: object) -> None:
+    fields = _snapshot_fields()
+    fields[index] = value  # t_now_s, block_size, iteration_time_s, link_bytes_per_s
+    with pytest.raises(ProtocolError):
+        decode(msgpack.packb({"v": SCHEMA_VERSION, "t": "snapshot", "d": fields}))
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    column=st.integers(0, len(TABLE_COLUMNS)),
+    value=st.one_of(st.binary(max_size=64), _values),
+)
+def test_garbage_in_a_snapshot_table_raises_only_protocol_error(column: int, value) -> None:
+    fields = _snapshot_fields()
+    fields[4][column] = value
+    with contextlib.suppress(ProtocolError):
+        msg = decode(msgpack.packb({"v": SCHEMA_VERSION, "t": "snapshot", "d": fields}))
+        columns_from_table(msg.requests)  # what the control plane does with it next

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import struct
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Tokenizer(Protocol):
@@ -111,3 +113,87 @@ class Llama2cTokenizer:
             out += piece
             previous = token
         return out.decode("utf-8", errors="replace")
+
+
+# ---- what a gateway needs of a model: its tokenizer and chat template, no weights ----------
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerBundle:
+    tokenizer: Tokenizer
+    model_name: str
+    chat_template: str | None = None  # jinja2 source from tokenizer_config.json, if any
+    bos_token: str = ""
+    eos_token: str = ""
+
+
+class TokenizerNotFoundError(ValueError):
+    """The model path holds no tokenizer we can load (a clear error, never a hub download)."""
+
+
+def load_tokenizer_bundle(model: str, tokenizer_path: str | None = None) -> TokenizerBundle:
+    """The tokenizer for ``model`` as ``superinfer generate`` names it: an HF checkpoint
+    directory (tokenizer.json, tokenizer_config.json), a llama2.c ``.bin`` (``tok*.bin`` beside
+    it, or ``tokenizer_path``), or ``tiny-random`` (bytes)."""
+    if model == "tiny-random":
+        return TokenizerBundle(ByteTokenizer(), model)
+    path = Path(model)
+    name = served_model_name(model)
+    if not path.exists():
+        raise TokenizerNotFoundError(f"model path {model!r} does not exist")
+    if path.is_dir():
+        return _hf_bundle(path, Path(tokenizer_path) if tokenizer_path else None, name)
+    source = Path(tokenizer_path) if tokenizer_path else None
+    if source is None:
+        source = next(iter(sorted(path.parent.glob("tok*.bin"))), None)
+    if source is None or not source.is_file():
+        raise TokenizerNotFoundError(f"no llama2.c tokenizer (tok*.bin) beside {model!r}")
+    return TokenizerBundle(Llama2cTokenizer(source), name)
+
+
+def _hf_bundle(directory: Path, tokenizer_path: Path | None, name: str) -> TokenizerBundle:
+    tokenizer_file = tokenizer_path or directory / "tokenizer.json"
+    if tokenizer_file.is_dir():
+        tokenizer_file = tokenizer_file / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise TokenizerNotFoundError(f"no tokenizer.json in {str(directory)!r}")
+    config = _read_json(directory / "config.json")
+    generation = _read_json(directory / "generation_config.json")
+    eos = generation.get("eos_token_id", config.get("eos_token_id"))
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+    tok_config = _read_json(directory / "tokenizer_config.json")
+    template = tok_config.get("chat_template")
+    if isinstance(template, list):  # named templates: take "default"
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    jinja_file = directory / "chat_template.jinja"
+    if template is None and jinja_file.is_file():
+        template = jinja_file.read_text()
+    return TokenizerBundle(
+        HFTokenizer(tokenizer_file, config.get("bos_token_id"), eos_ids),
+        name,
+        template if isinstance(template, str) else None,
+        _token_text(tok_config.get("bos_token")),
+        _token_text(tok_config.get("eos_token")),
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    return data if isinstance(data, dict) else {}
+
+
+def _token_text(value: Any) -> str:
+    if isinstance(value, dict):
+        return str(value.get("content", ""))
+    return value if isinstance(value, str) else ""
+
+
+def served_model_name(model: str) -> str:
+    """The name ``/v1/models`` shows for a model path (a directory's name, a file's stem)."""
+    if model == "tiny-random":
+        return model
+    path = Path(model.rstrip("/"))
+    return path.name if path.is_dir() else path.stem

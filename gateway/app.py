@@ -1,0 +1,91 @@
+"""The gateway's FastAPI app, built by :func:`create_app` from settings."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway import admin, openai_routes
+from gateway.errors import APIError, error_body, install_error_handlers
+from gateway.settings import GatewaySettings
+from gateway.state import GatewayState
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    """Raises ValueError when the admin API would be open (no token and not disabled), and
+    the tokenizer's errors for a bad model path."""
+    if settings.admin_token is None and not settings.admin_disabled:
+        raise ValueError("set an admin token (SUPERINFER_ADMIN_TOKEN) or disable the admin API")
+    state = GatewayState(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.close()
+
+    app = FastAPI(title="SuperInfer gateway", version="0.1.0", lifespan=lifespan)
+    app.state.gateway = state
+    install_error_handlers(app)
+    app.add_middleware(_BodyLimit, max_body_bytes=settings.max_body_bytes)
+    app.include_router(openai_routes.router)
+    if not settings.admin_disabled:
+        app.include_router(admin.router)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready", response_model=None)
+    async def ready() -> JSONResponse:
+        problems = state.readiness()
+        body: dict[str, Any] = {"ready": not problems, "problems": problems}
+        return JSONResponse(body, status_code=503 if problems else 200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+class _BodyLimit:
+    """413 for a body over the limit: a declared Content-Length before anything is read, a
+    chunked body as soon as it grows past the limit. Plain ASGI, so streaming responses and
+    disconnect detection pass through untouched."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.max_body_bytes:
+            response = JSONResponse(
+                error_body(413, f"request body over {self.max_body_bytes} bytes"), status_code=413
+            )
+            await response(scope, receive, send)
+            return
+        num_received = 0
+
+        async def limited() -> Message:
+            nonlocal num_received
+            message = await receive()
+            if message["type"] == "http.request":
+                num_received += len(message.get("body", b""))
+                if num_received > self.max_body_bytes:
+                    raise APIError(413, f"request body over {self.max_body_bytes} bytes")
+            return message
+
+        await self.app(scope, limited, send)

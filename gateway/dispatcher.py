@@ -1,0 +1,141 @@
+"""Requests out to workers, token outputs back: one reader task per gateway fans the messages
+of its output stream out to the waiting responses, dropping what a redelivery repeats."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from redis.asyncio import Redis
+
+from shared import streams
+from shared.protocol import AbortRequest, SubmitRequest, TokenOutput, encode
+from shared.protocol.convert import stream_messages
+from shared.runtime import loop_with_backoff
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(eq=False)
+class RequestHandle:
+    """One in-flight request as the gateway sees it. ``outputs`` is bounded: a client that
+    stops reading while the worker keeps producing ends with ``overflowed`` set."""
+
+    request_id: str
+    worker_id: str
+    num_prompt_tokens: int
+    outputs: asyncio.Queue[TokenOutput]
+    num_received: int = 0  # output tokens received so far (the next expected index)
+    overflowed: bool = False
+    lost_output: bool = False  # an output message is missing (index gap)
+    done: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Dispatcher:
+    def __init__(self, redis: Redis, gateway_id: str, max_buffered: int, block_ms: int) -> None:
+        self.redis = redis
+        self.gateway_id = gateway_id
+        self.reply_stream = streams.gateway_outputs_stream(gateway_id)
+        self.max_buffered = max_buffered
+        self.block_ms = block_ms
+        self.handles: dict[str, RequestHandle] = {}
+        self.num_malformed = 0
+        self.num_duplicates = 0
+        self._last_id: Any = "$"
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(loop_with_backoff(self._read_once, self._stop))
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(Exception):
+            await self.redis.delete(self.reply_stream)
+
+    def open(self, request_id: str, worker_id: str, num_prompt_tokens: int) -> RequestHandle:
+        handle = RequestHandle(
+            request_id, worker_id, num_prompt_tokens, asyncio.Queue(self.max_buffered)
+        )
+        self.handles[request_id] = handle
+        return handle
+
+    def release(self, handle: RequestHandle) -> None:
+        handle.done = True
+        self.handles.pop(handle.request_id, None)
+
+    async def submit(
+        self, worker_id: str, request: SubmitRequest, lifecycle: dict[str, str | float]
+    ) -> None:
+        """The request to the worker's stream and its first lifecycle fields, one round trip."""
+        key = streams.request_lifecycle_key(request.request_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xadd(
+                streams.worker_requests_stream(worker_id),
+                {"m": encode(request)},
+                maxlen=streams.MAXLEN_REQUESTS,
+                approximate=True,
+            )
+            pipe.hset(key, mapping=lifecycle)  # type: ignore[arg-type]
+            pipe.expire(key, streams.LIFECYCLE_TTL_S)
+            await pipe.execute()
+
+    async def abort(self, handle: RequestHandle) -> None:
+        """Tell the worker to drop the request (frees its blocks in every tier)."""
+        await self.redis.xadd(
+            streams.worker_requests_stream(handle.worker_id),
+            {"m": encode(AbortRequest(handle.request_id))},
+            maxlen=streams.MAXLEN_REQUESTS,
+            approximate=True,
+        )
+
+    async def _read_once(self) -> None:
+        if self._last_id == "$":
+            newest: Any = await self.redis.xrevrange(self.reply_stream, count=1)
+            self._last_id = newest[0][0] if newest else "0-0"
+        response: Any = await self.redis.xread(
+            {self.reply_stream: self._last_id}, count=1024, block=self.block_ms
+        )
+        for entry_id, msg in stream_messages(response, TokenOutput, "malformed_output_message"):
+            self._last_id = entry_id
+            if msg is None:
+                self.num_malformed += 1
+            else:
+                self._route(msg)
+
+    def _route(self, msg: TokenOutput) -> None:
+        handle = self.handles.get(msg.request_id)
+        if handle is None or handle.done:
+            return  # finished or abandoned: a late or duplicate message
+        if msg.index < handle.num_received:  # a redelivery repeats tokens we already have
+            self.num_duplicates += 1
+            skip = handle.num_received - msg.index
+            if skip >= len(msg.token_ids) and msg.finish_reason is None:
+                return
+            msg = TokenOutput(
+                msg.request_id,
+                handle.num_received,
+                msg.token_ids[skip:],
+                msg.finish_reason,
+                msg.error,
+                msg.num_prompt_tokens,
+                msg.t_first_run_s,
+                msg.num_preemptions,
+                msg.num_rotations,
+            )
+        elif msg.index > handle.num_received:
+            handle.lost_output = True
+            log.error("output_gap", request_id=msg.request_id, index=msg.index)
+        handle.num_received = msg.index + len(msg.token_ids)
+        try:
+            handle.outputs.put_nowait(msg)
+        except asyncio.QueueFull:
+            handle.overflowed = True

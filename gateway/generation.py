@@ -1,0 +1,257 @@
+"""One request's journey through the gateway: route, submit, then turn the worker's token
+messages into text deltas, with stop strings, timeouts, abort on disconnect and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from gateway.detokenizer import IncrementalDetokenizer
+from gateway.dispatcher import Dispatcher, RequestHandle
+from gateway.errors import APIError
+from gateway.metrics import GatewayMetrics
+from gateway.settings import GatewaySettings
+from gateway.workers import WorkerDirectory
+from shared import streams
+from shared.protocol import SubmitRequest, TokenOutput
+from shared.slo import SloClass
+from shared.tokenizer import Tokenizer
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationParams:
+    prompt_token_ids: list[int]
+    max_tokens: int
+    slo: SloClass
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    priority: int = 0
+    tenant: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    text: str
+    num_tokens: int  # tokens this delta covers
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
+class _Timeline:
+    t_arr_s: float
+    t_first_s: float | None = None
+    t_prev_s: float | None = None
+    t_first_run_s: float | None = None
+    gaps_s: list[float] = field(default_factory=list)
+
+    def on_tokens(self, num_tokens: int, now: float) -> None:
+        if num_tokens <= 0:
+            return
+        if self.t_first_s is None:
+            self.t_first_s = now
+            num_tokens -= 1
+        elif self.t_prev_s is not None:
+            gap_s = (now - self.t_prev_s) / num_tokens
+            self.gaps_s.extend([gap_s] * num_tokens)
+        self.t_prev_s = now
+
+
+class Generation:
+    """A submitted request; iterate :meth:`deltas` once. Its usage counts are final after."""
+
+    def __init__(
+        self, service: GenerationService, handle: RequestHandle, params: GenerationParams
+    ) -> None:
+        self.service = service
+        self.handle = handle
+        self.params = params
+        self.request_id = handle.request_id
+        self.num_prompt_tokens = len(params.prompt_token_ids)
+        self.num_completion_tokens = 0
+        self.finish_reason: str | None = None
+        self._timeline = _Timeline(time.time())
+        self._detok = IncrementalDetokenizer(
+            service.tokenizer, params.prompt_token_ids, params.stop
+        )
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        """Text deltas until the finish reason; raises APIError on a worker error or timeout.
+        Leaving early (a client disconnect) aborts the request on its worker."""
+        try:
+            while self.finish_reason is None:
+                msg = await self._next_output()
+                delta = self._apply(msg)
+                if delta.text or delta.finish_reason or delta.num_tokens:
+                    yield delta
+        finally:
+            self.service.finish(self)
+
+    async def _next_output(self) -> TokenOutput:
+        handle = self.handle
+        timeout_s = self.service.settings.token_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                msg = await handle.outputs.get()
+        except TimeoutError:
+            message = f"no output from the worker in {timeout_s:g} s"
+            raise APIError(504, message, code="worker_timeout") from None
+        if handle.overflowed:
+            raise APIError(503, "client is reading too slowly; request dropped", code="overflow")
+        if handle.lost_output:
+            raise APIError(502, "output from the worker was lost", code="lost_output")
+        if msg.error:
+            raise APIError(400 if msg.index == 0 else 500, msg.error, code="worker_error")
+        return msg
+
+    def _apply(self, msg: TokenOutput) -> Delta:
+        now = time.time()
+        if msg.t_first_run_s is not None:
+            self._timeline.t_first_run_s = msg.t_first_run_s
+        if msg.token_ids and self._timeline.t_first_s is None:
+            self.service.directory.dequeue(self.handle.worker_id, self.num_prompt_tokens)
+        self._timeline.on_tokens(len(msg.token_ids), now)
+        self.num_completion_tokens += len(msg.token_ids)
+        text = self._detok.add(msg.token_ids)
+        reason = msg.finish_reason
+        if self._detok.stopped and reason is None:
+            reason = "stop"  # a stop string: the worker need not go on
+            self.service.abort_later(self.handle)
+        if reason is not None:
+            text += self._detok.flush()
+            self.finish_reason = reason
+            self.handle.extra["num_rotations"] = msg.num_rotations
+            self.handle.extra["num_preemptions"] = msg.num_preemptions
+        return Delta(text, len(msg.token_ids), reason)
+
+    @property
+    def timeline(self) -> _Timeline:
+        return self._timeline
+
+
+class GenerationService:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        redis: Redis,
+        tokenizer: Tokenizer,
+        dispatcher: Dispatcher,
+        directory: WorkerDirectory,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.tokenizer = tokenizer
+        self.dispatcher = dispatcher
+        self.directory = directory
+        self.metrics = metrics
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def start(self, request_id: str, params: GenerationParams) -> Generation:
+        """Route and submit; 503/429 when no worker can take it."""
+        num_prompt_tokens = len(params.prompt_token_ids)
+        status = self.directory.choose(num_prompt_tokens)
+        handle = self.dispatcher.open(request_id, status.worker_id, num_prompt_tokens)
+        generation = Generation(self, handle, params)
+        submit = SubmitRequest(
+            request_id=request_id,
+            prompt_token_ids=params.prompt_token_ids,
+            reply_stream=self.dispatcher.reply_stream,
+            t_arr_s=generation.timeline.t_arr_s,
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            seed=params.seed,
+            ignore_eos=params.ignore_eos,
+            priority=params.priority,
+            slo_class=params.slo.name,
+            slo_ttft_s=params.slo.ttft_s,
+            slo_tbt_s=params.slo.tbt_s,
+        )
+        self.directory.enqueue(status.worker_id, num_prompt_tokens)  # before any await
+        lifecycle: dict[str, str | float] = {
+            "arrival_s": generation.timeline.t_arr_s,
+            "worker_id": status.worker_id,
+            "gateway_id": self.dispatcher.gateway_id,
+            "slo_class": params.slo.name,
+        }
+        try:
+            await self.dispatcher.submit(status.worker_id, submit, lifecycle)
+        except RedisError as exc:
+            self.dispatcher.release(handle)
+            self.directory.dequeue(status.worker_id, num_prompt_tokens)
+            raise APIError(503, f"could not reach the request bus: {exc}", code="bus") from exc
+        log.info("request_submitted", request_id=request_id, worker_id=status.worker_id)
+        return generation
+
+    def finish(self, generation: Generation) -> None:
+        """Bookkeeping when a generation ends for any reason (finished, error, disconnect)."""
+        handle, timeline = generation.handle, generation.timeline
+        if handle.done:
+            return
+        self.dispatcher.release(handle)
+        if timeline.t_first_s is None:
+            self.directory.dequeue(handle.worker_id, generation.num_prompt_tokens)
+        reason = generation.finish_reason
+        if reason is None:  # the client went away, or an error: free the worker's blocks
+            self.abort_later(handle)
+            reason = "abort"
+        now = time.time()
+        slo = generation.params.slo
+        self.metrics.observe_finished(
+            slo.name,
+            reason,
+            None if timeline.t_first_s is None else timeline.t_first_s - timeline.t_arr_s,
+            timeline.gaps_s,
+            now - timeline.t_arr_s,
+            None if timeline.t_first_run_s is None else timeline.t_first_run_s - timeline.t_arr_s,
+            generation.num_prompt_tokens,
+            slo.ttft_s,
+            slo.tbt_s,
+        )
+        fields: dict[str, str | float | int] = {"gateway_finished_s": now, "gateway_finish": reason}
+        if timeline.t_first_s is not None:
+            fields["first_token_s"] = timeline.t_first_s
+        self._record(generation.request_id, **fields)
+        log.info("request_finished", request_id=generation.request_id, finish_reason=reason)
+
+    def abort_later(self, handle: RequestHandle) -> None:
+        self._spawn(self.dispatcher.abort(handle))
+
+    def _record(self, request_id: str, **fields: str | float | int) -> None:
+        key = streams.request_lifecycle_key(request_id)
+
+        async def write() -> None:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
+                pipe.expire(key, streams.LIFECYCLE_TTL_S)
+                await pipe.execute()
+
+        self._spawn(write())
+
+    def _spawn(self, work: object) -> None:
+        async def guarded() -> None:
+            try:
+                await work  # type: ignore[misc]
+            except RedisError as exc:
+                log.warning("background_redis_error", error=str(exc))
+
+        task = asyncio.get_running_loop().create_task(guarded())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def drain(self) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)

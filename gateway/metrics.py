@@ -1,0 +1,174 @@
+"""Prometheus metrics: vLLM's names under a ``superinfer:`` prefix where the meaning is the
+same, plus SLO attainment per class, rotations, bytes per direction and plan source.
+
+Request-level histograms are observed here as requests finish; worker-level figures are read
+from the workers' heartbeat statuses at scrape time (a custom collector, so they are never
+stale copies)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.workers import WorkerDirectory
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
+_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class GatewayMetrics:
+    def __init__(self, directory: WorkerDirectory, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        labels = ["model_name", "slo_class"]
+        reg = self.registry
+        self.ttft = Histogram(
+            "superinfer:time_to_first_token_seconds", "TTFT", labels, registry=reg,
+            buckets=_LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "superinfer:inter_token_latency_seconds", "Gap between output tokens", labels,
+            registry=reg, buckets=_TOKEN_BUCKETS,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "superinfer:e2e_request_latency_seconds", "Arrival to last token", labels,
+            registry=reg, buckets=_LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.queue_time = Histogram(
+            "superinfer:request_queue_time_seconds", "Arrival to first scheduled", labels,
+            registry=reg, buckets=_LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.requests = Counter(
+            "superinfer:request_success", "Finished requests by finish reason",
+            [*labels, "finished_reason"], registry=reg,
+        )  # fmt: skip
+        self.rejected = Counter(
+            "superinfer:requests_rejected", "Requests refused before any work, by status",
+            ["status"], registry=reg,
+        )  # fmt: skip
+        self.prompt_tokens = Counter(
+            "superinfer:prompt_tokens", "Prompt tokens of finished requests", labels, registry=reg
+        )
+        self.generation_tokens = Counter(
+            "superinfer:generation_tokens", "Generated tokens", labels, registry=reg
+        )
+        self.slo_requests = Counter(
+            "superinfer:slo_requests", "Requests judged against their class's SLO", ["slo_class"],
+            registry=reg,
+        )  # fmt: skip
+        self.slo_ttft_met = Counter(
+            "superinfer:slo_ttft_attained", "Requests with TTFT <= the class's TTFT SLO",
+            ["slo_class"], registry=reg,
+        )  # fmt: skip
+        self.slo_tbt_gaps = Counter(
+            "superinfer:slo_tbt_gaps", "Inter-token gaps judged", ["slo_class"], registry=reg
+        )
+        self.slo_tbt_met = Counter(
+            "superinfer:slo_tbt_attained_gaps", "Inter-token gaps <= the class's TBT SLO",
+            ["slo_class"], registry=reg,
+        )  # fmt: skip
+        self.registry.register(_WorkerCollector(directory, model_name))
+
+    def observe_finished(
+        self,
+        slo_class: str,
+        finish_reason: str,
+        ttft_s: float | None,
+        gaps_s: list[float],
+        e2e_s: float,
+        queue_s: float | None,
+        num_prompt_tokens: int,
+        slo_ttft_s: float,
+        slo_tbt_s: float,
+    ) -> None:
+        labels = (self.model_name, slo_class)
+        self.requests.labels(*labels, finish_reason).inc()
+        self.e2e.labels(*labels).observe(e2e_s)
+        self.prompt_tokens.labels(*labels).inc(num_prompt_tokens)
+        self.generation_tokens.labels(*labels).inc(len(gaps_s) + (ttft_s is not None))
+        if queue_s is not None:
+            self.queue_time.labels(*labels).observe(max(0.0, queue_s))
+        self.slo_requests.labels(slo_class).inc()
+        if ttft_s is not None:
+            self.ttft.labels(*labels).observe(ttft_s)
+            if ttft_s <= slo_ttft_s:
+                self.slo_ttft_met.labels(slo_class).inc()
+        histogram = self.itl.labels(*labels)
+        for gap_s in gaps_s:
+            histogram.observe(gap_s)
+        self.slo_tbt_gaps.labels(slo_class).inc(len(gaps_s))
+        self.slo_tbt_met.labels(slo_class).inc(sum(1 for g in gaps_s if g <= slo_tbt_s))
+
+
+class _WorkerCollector(Collector):
+    def __init__(self, directory: WorkerDirectory, model_name: str) -> None:
+        self.directory = directory
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        statuses = self.directory.alive()
+        gauges = {
+            name: GaugeMetricFamily(f"superinfer:{name}", help_text, labels=["worker"])
+            for name, help_text in (
+                ("num_requests_running", "Requests with KV in HBM"),
+                ("num_requests_waiting", "Requests waiting for admission"),
+                ("num_requests_rotary", "Requests parked in host DRAM"),
+                ("iteration_time_seconds", "Mean engine iteration time"),
+            )
+        }
+        usage = GaugeMetricFamily(
+            "superinfer:kv_cache_usage_perc", "KV blocks in use (0-1)", labels=["worker", "tier"]
+        )
+        source = GaugeMetricFamily(
+            "superinfer:plan_source", "1 for the worker's current plan source",
+            labels=["worker", "source"],
+        )  # fmt: skip
+        counters = {
+            name: CounterMetricFamily(f"superinfer:{name}", help_text, labels=["worker"])
+            for name, help_text in (
+                ("num_preemptions", "Preemptions by recompute"),
+                ("num_rotations_out", "Requests rotated out to host DRAM"),
+                ("num_rotations_in", "Requests rotated back into HBM"),
+            )
+        }
+        moved = CounterMetricFamily(
+            "superinfer:kv_transfer_bytes", "KV bytes moved", labels=["worker", "direction"]
+        )
+        for s in statuses:
+            w = s.worker_id
+            gauges["num_requests_running"].add_metric([w], s.num_running)
+            gauges["num_requests_waiting"].add_metric([w], s.num_waiting)
+            gauges["num_requests_rotary"].add_metric([w], s.num_rotary)
+            gauges["iteration_time_seconds"].add_metric([w], s.iteration_time_s)
+            usage.add_metric([w, "hbm"], _used(s.num_hbm_blocks, s.num_free_hbm_blocks))
+            usage.add_metric([w, "dram"], _used(s.num_dram_blocks, s.num_free_dram_blocks))
+            source.add_metric([w, s.plan_source], 1.0)
+            counters["num_preemptions"].add_metric([w], s.num_preemptions)
+            counters["num_rotations_out"].add_metric([w], s.num_rotations_out)
+            counters["num_rotations_in"].add_metric([w], s.num_rotations_in)
+            moved.add_metric([w, "h2d"], s.bytes_h2d)
+            moved.add_metric([w, "d2h"], s.bytes_d2h)
+        yield from gauges.values()
+        yield from (usage, source, *counters.values(), moved)
+        yield from self._knobs()
+
+    def _knobs(self) -> Iterator[Metric]:
+        d = self.directory
+        knobs = GaugeMetricFamily("superinfer:knob", "Current SLO knobs", labels=["name"])
+        for name in ("alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s"):
+            knobs.add_metric([name], float(getattr(d.knobs, name)))
+        knobs.add_metric(["b_xfer"], -1.0 if d.knobs.b_xfer is None else float(d.knobs.b_xfer))
+        policy = GaugeMetricFamily("superinfer:policy_info", "Current policy", labels=["policy"])
+        policy.add_metric([d.knobs.policy], 1.0)
+        version = GaugeMetricFamily("superinfer:knobs_version", "Version of the knobs hash")
+        version.add_metric([], d.knobs_version)
+        cp = GaugeMetricFamily("superinfer:control_plane_up", "1 while the control plane beats")
+        cp.add_metric([], 1.0 if d.control_plane_alive else 0.0)
+        yield from (knobs, policy, version, cp)
+
+
+def _used(num_blocks: int, num_free: int) -> float:
+    return 0.0 if num_blocks <= 0 else 1.0 - num_free / num_blocks

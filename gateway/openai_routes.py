@@ -1,0 +1,274 @@
+"""`/v1`: chat completions, completions (streaming and not) and models, in OpenAI's and vLLM's
+shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from gateway.auth import bearer, lookup_api_key
+from gateway.chat import ChatTemplateError
+from gateway.errors import APIError
+from gateway.generation import Generation, GenerationParams
+from gateway.openai_models import ChatCompletionRequest, CompletionRequest, SamplingFields
+from gateway.state import GatewayState
+
+router = APIRouter()
+ChunkBuilder = Callable[[str, str | None], dict[str, Any]]
+
+
+def _state(request: Request) -> GatewayState:
+    state: GatewayState = request.app.state.gateway
+    return state
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    state = _state(request)
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": state.model_name,
+                "object": "model",
+                "created": int(state.started_s),
+                "owned_by": "superinfer",
+                "root": state.model_name,
+                "max_model_len": state.directory.max_model_len(),
+            }
+        ],
+    }
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request
+) -> JSONResponse | StreamingResponse:
+    state = _state(request)
+    _unsupported(body, logprobs=bool(body.logprobs))
+    try:
+        text = state.chat.render(body.template_messages(), body.add_generation_prompt)
+    except ChatTemplateError as exc:
+        raise APIError(400, str(exc), param="messages") from exc
+    prompt_ids = state.tokenizer.encode(text, add_bos=not state.chat.has_template)
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    params = await _params(state, request, body, prompt_ids, max_tokens)
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    generation = await state.generations.start(request_id, params)
+    created = int(time.time())
+    head = {"id": request_id, "created": created, "model": state.model_name}
+    if body.stream:
+        return _sse(generation, _chat_chunk(head), body, first={"role": "assistant", "content": ""})
+    text_out = await _collect(generation, request)
+    message = {"role": "assistant", "content": text_out}
+    choice = {"index": 0, "message": message, "logprobs": None}
+    choice["finish_reason"] = generation.finish_reason
+    return _json(
+        {**head, "object": "chat.completion", "choices": [choice], "usage": _usage(generation)},
+        request_id,
+    )
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(
+    body: CompletionRequest, request: Request
+) -> JSONResponse | StreamingResponse:
+    state = _state(request)
+    _unsupported(body, logprobs=body.logprobs is not None)
+    if body.echo or body.suffix or (body.best_of or 1) > 1:
+        raise APIError(400, "echo, suffix and best_of > 1 are not supported", param="echo")
+    prompt_ids = _prompt_ids(state, body.prompt)
+    params = await _params(state, request, body, prompt_ids, body.max_tokens)
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    generation = await state.generations.start(request_id, params)
+    head = {"id": request_id, "created": int(time.time()), "model": state.model_name}
+    if body.stream:
+        return _sse(generation, _completion_chunk(head), body, first=None)
+    text_out = await _collect(generation, request)
+    choice = {"index": 0, "text": text_out, "logprobs": None}
+    choice["finish_reason"] = generation.finish_reason
+    return _json(
+        {**head, "object": "text_completion", "choices": [choice], "usage": _usage(generation)},
+        request_id,
+    )
+
+
+# ---- request -> generation parameters ---------------------------------------------------
+
+
+def _unsupported(body: SamplingFields, logprobs: bool) -> None:
+    if body.n > 1:
+        raise APIError(400, "n > 1 is not supported; send n requests", param="n")
+    if logprobs:
+        raise APIError(400, "logprobs are not supported", param="logprobs")
+    if body.presence_penalty or body.frequency_penalty:
+        raise APIError(400, "presence/frequency penalties are not supported", param="penalty")
+
+
+def _prompt_ids(state: GatewayState, prompt: Any) -> list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return state.tokenizer.encode(prompt)
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return list(prompt)
+    raise APIError(400, "one prompt per request (batches are not supported)", param="prompt")
+
+
+async def _params(
+    state: GatewayState,
+    request: Request,
+    body: SamplingFields,
+    prompt_ids: list[int],
+    max_tokens: int | None,
+) -> GenerationParams:
+    settings = state.settings
+    if body.model is not None and body.model != state.model_name:
+        raise APIError(404, f"the model {body.model!r} does not exist", "model", "model_not_found")
+    tenant, key_class = await _api_key(state, request)
+    slo = _slo_class(state, request.headers.get("x-slo-class") or key_class)
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if len(stop) > settings.max_stop_strings or any(
+        len(s) > settings.max_stop_string_chars for s in stop
+    ):
+        raise APIError(400, "too many or too long stop strings", param="stop")
+    if not prompt_ids:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    max_model_len = state.directory.max_model_len()
+    if max_model_len is None:
+        raise APIError(503, "no data-plane worker is available", code="no_worker")
+    num_prompt = len(prompt_ids)
+    if max_tokens is None:
+        max_tokens = max_model_len - num_prompt
+    if num_prompt + max_tokens > max_model_len or max_tokens < 1:
+        raise APIError(
+            400,
+            f"this model's maximum context length is {max_model_len} tokens; the request has "
+            f"{num_prompt} prompt tokens and asks for {max_tokens} more",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return GenerationParams(
+        prompt_token_ids=prompt_ids,
+        max_tokens=max_tokens,
+        slo=slo,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=None if body.top_k in (None, -1, 0) else body.top_k,
+        seed=body.seed,
+        stop=stop,
+        ignore_eos=body.ignore_eos,
+        priority=body.priority,
+        tenant=tenant,
+    )
+
+
+async def _api_key(state: GatewayState, request: Request) -> tuple[str | None, str | None]:
+    key = bearer(request)
+    info = await lookup_api_key(state.redis, key) if key else None
+    if info is None and state.settings.require_api_key:
+        raise APIError(401, "a valid API key is required", code="invalid_api_key")
+    return (info.tenant, info.slo_class) if info else (None, None)
+
+
+def _slo_class(state: GatewayState, name: str | None) -> Any:
+    classes = state.directory.slo_classes
+    chosen = name or state.settings.default_slo_class
+    if chosen not in classes:
+        if name is None:  # the configured default is gone: fall back to any class
+            return next(iter(classes.values()))
+        raise APIError(
+            400, f"unknown SLO class {chosen!r}; known: {sorted(classes)}", "x-slo-class"
+        )
+    return classes[chosen]
+
+
+# ---- generation -> responses ------------------------------------------------------------
+
+
+async def _collect(generation: Generation, request: Request) -> str:
+    """The whole text; a client that disconnects meanwhile aborts the request."""
+
+    async def consume() -> str:
+        return "".join([delta.text async for delta in generation.deltas()])
+
+    task = asyncio.create_task(consume())
+    while not task.done():
+        await asyncio.wait({task}, timeout=0.5)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise APIError(400, "client disconnected", code="client_disconnected")
+    return task.result()
+
+
+def _usage(generation: Generation) -> dict[str, int]:
+    prompt, completion = generation.num_prompt_tokens, generation.num_completion_tokens
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def _json(content: dict[str, Any], request_id: str) -> JSONResponse:
+    return JSONResponse(content, headers={"x-request-id": request_id})
+
+
+def _chat_chunk(head: dict[str, Any]) -> ChunkBuilder:
+    def build(text: str, finish_reason: str | None) -> dict[str, Any]:
+        delta = {"content": text} if text or finish_reason is None else {}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {**head, "object": "chat.completion.chunk", "choices": [choice]}
+
+    return build
+
+
+def _completion_chunk(head: dict[str, Any]) -> ChunkBuilder:
+    def build(text: str, finish_reason: str | None) -> dict[str, Any]:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {**head, "object": "text_completion", "choices": [choice]}
+
+    return build
+
+
+def _sse(
+    generation: Generation,
+    build: ChunkBuilder,
+    body: SamplingFields,
+    first: dict[str, Any] | None,
+) -> StreamingResponse:
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def event(chunk: dict[str, Any]) -> str:
+        if include_usage and "usage" not in chunk:
+            chunk["usage"] = None
+        return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            if first is not None:
+                chunk = build("", None)
+                chunk["choices"][0]["delta"] = first
+                yield event(chunk)
+            async for delta in generation.deltas():
+                if delta.text or delta.finish_reason:
+                    yield event(build(delta.text, delta.finish_reason))
+            if include_usage:
+                final = build("", None)
+                yield event({**final, "choices": [], "usage": _usage(generation)})
+        except APIError as exc:
+            yield f"data: {json.dumps(exc.body())}\n\n"
+        yield "data: [DONE]\n\n"
+
+    headers = {"x-request-id": generation.request_id, "cache-control": "no-cache"}
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)

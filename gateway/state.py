@@ -1,0 +1,84 @@
+"""Everything one gateway holds while it runs, built from settings and closed cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+
+import structlog
+from redis.asyncio import BlockingConnectionPool, Redis
+
+from gateway.chat import ChatRenderer
+from gateway.dispatcher import Dispatcher
+from gateway.generation import GenerationService
+from gateway.metrics import GatewayMetrics
+from gateway.settings import GatewaySettings
+from gateway.workers import WorkerDirectory
+from shared.runtime import loop_with_backoff
+from shared.tokenizer import load_tokenizer_bundle
+
+log = structlog.get_logger(__name__)
+
+
+class GatewayState:
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self.gateway_id = settings.gateway_id or f"gw-{uuid.uuid4().hex[:12]}"
+        bundle = load_tokenizer_bundle(settings.model, settings.tokenizer)
+        self.tokenizer = bundle.tokenizer
+        self.chat = ChatRenderer(bundle)
+        self.model_name = settings.served_model_name or bundle.model_name
+        pool = BlockingConnectionPool.from_url(
+            settings.redis_url,
+            max_connections=settings.redis_max_connections,
+            timeout=settings.redis_timeout_s,  # waiting for a free connection
+            socket_timeout=settings.redis_timeout_s,
+            socket_connect_timeout=settings.redis_timeout_s,
+        )
+        self.redis = Redis.from_pool(pool)  # closing the client closes the pool
+        self.directory = WorkerDirectory(self.redis, settings)
+        self.dispatcher = Dispatcher(
+            self.redis, self.gateway_id, settings.max_buffered_outputs, settings.output_block_ms
+        )
+        self.metrics = GatewayMetrics(self.directory, self.model_name)
+        self.generations = GenerationService(
+            settings, self.redis, self.tokenizer, self.dispatcher, self.directory, self.metrics
+        )
+        self.started_s = time.time()
+        self._stop = asyncio.Event()
+        self._refresher: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        with contextlib.suppress(Exception):  # readiness reports it if Redis is away
+            await self.directory.refresh()
+        self._refresher = asyncio.create_task(loop_with_backoff(self._refresh, self._stop))
+        self.dispatcher.start()
+        log.info("gateway_started", gateway_id=self.gateway_id, model=self.model_name)
+
+    async def _refresh(self) -> None:
+        await self.directory.refresh()
+        await asyncio.sleep(self.settings.directory_refresh_s)
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+        await self.generations.drain()
+        await self.dispatcher.close()
+        await self.redis.aclose()
+        log.info("gateway_stopped", gateway_id=self.gateway_id)
+
+    def readiness(self) -> list[str]:
+        """Why the gateway is not ready (empty when it is)."""
+        problems = []
+        if not self.directory.redis_ok:
+            problems.append("redis unreachable")
+        if not self.directory.alive():
+            problems.append("no live data-plane worker")
+        if not self.directory.control_plane_alive:
+            problems.append("control plane not seen recently")
+        return problems

@@ -1,0 +1,126 @@
+"""The workers a gateway can route to: their heartbeat statuses (refreshed from Redis), the
+requests this gateway queued on each, admission against per-worker bounds, and routing to the
+worker with the least predicted lag."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from redis.asyncio import Redis
+
+from gateway.errors import APIError
+from gateway.settings import GatewaySettings
+from shared import streams
+from shared.knobs import read_knobs
+from shared.policy import Knobs
+from shared.protocol import ProtocolError, WorkerStatus, decode
+from shared.slo import DEFAULT_SLO_CLASSES, SloClass, read_slo_classes
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(slots=True)
+class QueueShare:
+    """Requests this gateway sent to one worker that have no first token yet."""
+
+    num_requests: int = 0
+    num_prompt_tokens: int = 0
+
+
+class WorkerDirectory:
+    def __init__(self, redis: Redis, settings: GatewaySettings) -> None:
+        self.redis = redis
+        self.settings = settings
+        self.statuses: dict[str, WorkerStatus] = {}
+        self.queued: dict[str, QueueShare] = {}
+        self.control_plane_alive = False
+        self.knobs = Knobs()
+        self.knobs_version = 0
+        self.slo_classes: dict[str, SloClass] = dict(DEFAULT_SLO_CLASSES)
+        self.slo_classes_version = 0
+        self.redis_ok = False
+        self.num_malformed = 0
+
+    async def refresh(self) -> None:
+        """One read of everything routing and readiness need (raises RedisError)."""
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hgetall(streams.WORKERS_KEY)
+                pipe.exists(streams.CONTROL_PLANE_HEARTBEAT_KEY)
+                raw_workers, cp_alive = await pipe.execute()
+            self.knobs, self.knobs_version = await read_knobs(self.redis)
+            self.slo_classes, self.slo_classes_version = await read_slo_classes(self.redis)
+        except Exception:
+            self.redis_ok = False
+            raise
+        self.redis_ok = True
+        self.control_plane_alive = bool(cp_alive)
+        self.statuses = self._decode_statuses(raw_workers)
+
+    def _decode_statuses(self, raw: dict[Any, Any]) -> dict[str, WorkerStatus]:
+        statuses: dict[str, WorkerStatus] = {}
+        for worker_id, data in raw.items():
+            try:
+                status = decode(data, WorkerStatus)
+            except ProtocolError as exc:
+                self.num_malformed += 1
+                log.error("malformed_worker_status", worker_id=worker_id, error=str(exc))
+                continue
+            statuses[status.worker_id] = status
+        return statuses
+
+    def alive(self) -> list[WorkerStatus]:
+        horizon_s = time.time() - self.settings.worker_alive_s
+        return [s for s in self.statuses.values() if s.t_heartbeat_s >= horizon_s]
+
+    def max_model_len(self) -> int | None:
+        lens = [s.max_model_len for s in self.alive()]
+        return min(lens) if lens else None
+
+    def predicted_lag_s(self, status: WorkerStatus) -> float:
+        """How long a new request would wait on ``status``'s worker: iterations to drain the
+        prompt tokens queued ahead of it, at the worker's recent iteration time."""
+        share = self.queued.get(status.worker_id, QueueShare())
+        queued_tokens = status.num_waiting_tokens + share.num_prompt_tokens
+        iteration_s = max(status.iteration_time_s, 1e-3)
+        busy = 1.0 + queued_tokens / max(1, status.max_num_batched_tokens)
+        usage = 1.0 - status.num_free_hbm_blocks / max(1, status.num_hbm_blocks)
+        return iteration_s * busy * (1.0 + usage)
+
+    def choose(self, num_prompt_tokens: int) -> WorkerStatus:
+        """The least-lagging worker with room in its queue; 503 without workers, 429 (with
+        Retry-After) when every queue is full."""
+        candidates = self.alive()
+        if not candidates:
+            raise APIError(503, "no data-plane worker is available", code="no_worker")
+        open_workers = [s for s in candidates if self._has_room(s.worker_id, num_prompt_tokens)]
+        if not open_workers:
+            raise APIError(
+                429,
+                "the server is at capacity; retry later",
+                code="queue_full",
+                headers={"Retry-After": str(self.settings.retry_after_s)},
+            )
+        return min(open_workers, key=self.predicted_lag_s)
+
+    def _has_room(self, worker_id: str, num_prompt_tokens: int) -> bool:
+        share = self.queued.get(worker_id, QueueShare())
+        limits = self.settings
+        return (
+            share.num_requests < limits.max_queued_requests
+            and share.num_prompt_tokens + num_prompt_tokens <= limits.max_queued_prompt_tokens
+        )
+
+    def enqueue(self, worker_id: str, num_prompt_tokens: int) -> None:
+        share = self.queued.setdefault(worker_id, QueueShare())
+        share.num_requests += 1
+        share.num_prompt_tokens += num_prompt_tokens
+
+    def dequeue(self, worker_id: str, num_prompt_tokens: int) -> None:
+        share = self.queued.get(worker_id)
+        if share is not None:
+            share.num_requests = max(0, share.num_requests - 1)
+            share.num_prompt_tokens = max(0, share.num_prompt_tokens - num_prompt_tokens)

@@ -1,0 +1,226 @@
+"""Largest-VLT-First (SUPERINFER.md §4) over a :class:`ColumnarSnapshot`, with numpy.
+
+The same plan as :func:`shared.policy.lvf.lvf` on the same requests, bit for bit (a property
+test holds the two together): VLT for every request as one array, L's order from a stable
+``lexsort`` (VLT, then arrival time, then arrival order, then snapshot order), the head scan as
+vectorised rounds (:func:`~shared.policy.packing.greedy_take`); Python only touches the
+requests the tail scan rotates out and the prefill chunks of the batch. This is the control
+plane's path: its snapshots arrive as columns and never become per-request objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from shared.policy.columns import (
+    ROTARY_CODE,
+    RUNNING_CODE,
+    ColumnarSnapshot,
+    Ints,
+    RequestColumns,
+    pick_ids,
+)
+from shared.policy.common import make_chunk
+from shared.policy.packing import greedy_take, pack_columns
+from shared.policy.types import Knobs, Plan
+from shared.policy.vlt import vlt_array
+
+_EMPTY = np.empty(0, np.int64)
+_SEGMENT = 256  # the scans rank this many of the most extreme VLTs first
+
+
+def lvf_columnar(snapshot: ColumnarSnapshot, knobs: Knobs, with_schedule: bool = True) -> Plan:
+    """:func:`shared.policy.lvf.lvf` over columns. ``with_schedule`` False leaves
+    ``plan.schedule`` empty (the batch is still packed: it decides who is admitted) for a
+    caller that only forwards the transitions, such as the control plane."""
+    columns = snapshot.requests
+    bs = snapshot.block_size
+    is_running = columns.states == RUNNING_CODE
+    running = np.flatnonzero(is_running)
+    candidates = np.flatnonzero(~is_running)
+    blk = -(-columns.num_tokens // bs)  # blk(r) of every waiting or rotary request
+    b_hbm = snapshot.num_free_hbm_blocks - _growth(snapshot, running)
+    if b_hbm >= int(blk[candidates].sum()):  # step 1: no contention
+        plan = Plan(fcfs_fallback=True)
+        seats = max(0, snapshot.max_num_seqs - len(running))
+        arrival = np.lexsort((columns.arrival_seq[candidates], columns.t_arr_s[candidates]))
+        chosen = candidates[arrival[:seats]]
+        leaving = (_EMPTY, _EMPTY)
+    else:
+        plan = Plan()
+        scores = vlt_array(columns, snapshot.t_now_s, knobs)
+        b_xfer = snapshot.b_xfer_blocks
+        seats = snapshot.max_num_seqs - len(running)
+        chosen, b_left = _head_scan(snapshot, candidates, scores, blk, b_hbm + b_xfer, seats)
+        leaving = (_EMPTY, _EMPTY)
+        if b_xfer - b_left > 0:
+            leaving = _rotate_out_tail(snapshot, running, scores, b_xfer - b_left, -b_hbm)
+    _join_and_pack(snapshot, running, chosen, blk, leaving, plan, b_hbm, with_schedule)
+    return plan
+
+
+def _growth(snapshot: ColumnarSnapshot, running: Ints) -> int:
+    """New HBM blocks the running requests need for their next chunks."""
+    columns = snapshot.requests
+    computed = columns.num_computed_tokens[running]
+    num_new = np.minimum(columns.num_tokens[running] - computed, snapshot.max_num_batched_tokens)
+    need = -(-(computed + num_new) // snapshot.block_size) - columns.num_blocks_hbm[running]
+    return int(need[need > 0].sum())
+
+
+def _head_scan(
+    snapshot: ColumnarSnapshot,
+    candidates: Ints,
+    scores: np.ndarray,
+    blk: Ints,
+    b_left: int,
+    seats: int,
+) -> tuple[Ints, int]:
+    """Step 3 (``shared.policy.lvf._head_scan``): the waiting/rotary requests taken from the
+    head of L (indices, in L's order), and B_left."""
+    chosen: list[Ints] = []
+    if seats <= 0 or b_left <= 0:
+        return _EMPTY, b_left
+    columns = snapshot.requests
+    for segment in _segments_of_l(columns, candidates, scores, head=True):
+        segment = segment[columns.num_blocks_hbm[segment] == 0]  # else a rotate-out in flight
+        taken, b_left = greedy_take(blk[segment], b_left, seats, stop_at_zero=True)
+        chosen.append(segment[taken])
+        seats -= len(taken)
+        if seats <= 0 or b_left <= 0:
+            break
+    return np.concatenate(chosen) if len(chosen) > 1 else chosen[0], b_left
+
+
+def _segments_of_l(
+    columns: RequestColumns, indices: Ints, scores: np.ndarray, head: bool
+) -> Iterator[Ints]:
+    """``indices`` in L's order (``head``: VLT descending, then arrival time, arrival order,
+    snapshot order) or in the tail scan's (VLT ascending, later arrival first, snapshot
+    order), as consecutive segments: the (at most) ``_SEGMENT`` most extreme VLTs first, then,
+    only if the scan gets that far, the rest. Equal VLTs never straddle the cut (it lies
+    strictly between VLT values), so the segments joined are the full order."""
+    if len(indices) > 2 * _SEGMENT:
+        scan_keys = -scores[indices] if head else scores[indices]  # ascending = scan order
+        cut = np.partition(scan_keys, _SEGMENT)[_SEGMENT]
+        first = scan_keys < cut
+        yield _in_scan_order(columns, indices[first], scores, head)
+        indices = indices[~first]
+    yield _in_scan_order(columns, indices, scores, head)
+
+
+def _in_scan_order(columns: RequestColumns, indices: Ints, scores: np.ndarray, head: bool) -> Ints:
+    seq, t_arr, score = columns.arrival_seq[indices], columns.t_arr_s[indices], scores[indices]
+    keys = (seq, t_arr, -score) if head else (-seq, -t_arr, score)
+    return indices[np.lexsort(keys)]  # stable: snapshot order breaks the remaining ties
+
+
+def _rotate_out_tail(
+    snapshot: ColumnarSnapshot, running: Ints, scores: np.ndarray, b_swap: int, shortage: int
+) -> tuple[Ints, Ints]:
+    """Step 4 (``shared.policy.lvf._rotate_out_tail``): from the tail of L (VLT ascending,
+    later arrival first) while VLT < 0 and B_swap > 0. Returns (rotated out, preempted)."""
+    columns = snapshot.requests
+    held = columns.num_blocks_hbm[running]
+    # passed over for good: VLT >= 0 (the scan stops there), no HBM block, KV not resident
+    running = running[(scores[running] < 0) & (held > 0) & columns.resident[running]]
+    victims: list[Ints] = [_EMPTY]
+    for segment in _segments_of_l(columns, running, scores, head=False):
+        taken, num_blocks = _tail_victims(columns, segment, b_swap, shortage)
+        victims.append(taken)
+        b_swap, shortage = b_swap - num_blocks, shortage - num_blocks
+        if b_swap <= 0:
+            break
+    return _split_by_dram_room(snapshot, np.concatenate(victims))
+
+
+def _tail_victims(
+    columns: RequestColumns, order: Ints, b_swap: int, shortage: int
+) -> tuple[Ints, int]:
+    """The victims among ``order`` (in scan order) and their blocks. Each takes its blocks
+    off both B_swap and the shortage, so they are a prefix of the scan while the shortage
+    lasts (unserved requests may go then), and after it a prefix of the served rest."""
+    held = columns.num_blocks_hbm[order]
+    before = np.cumsum(held) - held  # blocks the scan took before each row, were all taken
+    num_forced = 0
+    if shortage > 0:
+        num_forced = int(np.searchsorted(before, min(shortage, b_swap), side="left"))
+    victims = order[:num_forced]
+    used = int(held[:num_forced].sum())
+    if used < b_swap and num_forced < len(order):
+        t_last, t_run = columns.t_last_s[order], columns.t_run_s[order]
+        served = ~np.isnan(t_last) & (np.isnan(t_run) | (t_last >= t_run))
+        served[:num_forced] = False
+        rest, rest_held = order[served], held[served]
+        count = int(np.searchsorted(used + np.cumsum(rest_held) - rest_held, b_swap, "left"))
+        victims = np.concatenate((victims, rest[:count]))
+        used += int(rest_held[:count].sum())
+    return victims, used
+
+
+def _split_by_dram_room(snapshot: ColumnarSnapshot, victims: Ints) -> tuple[Ints, Ints]:
+    """In scan order: rotate out while DRAM has room for the victim's unsynced blocks,
+    preempt by recompute otherwise."""
+    columns = snapshot.requests
+    dram_needed = columns.num_blocks_hbm[victims] - columns.num_blocks_dram[victims]
+    free_dram = snapshot.num_free_dram_blocks
+    if free_dram >= 0:  # then "needs <= free" is "max(0, needs) <= free": a greedy scan
+        fits, _ = greedy_take(np.maximum(dram_needed, 0), free_dram, len(victims), False)
+    else:  # a negative free count only lets through victims with a surplus of synced blocks
+        fits = np.flatnonzero(dram_needed <= free_dram)
+    rotates = np.zeros(len(victims), np.bool_)
+    rotates[fits] = True
+    return victims[rotates], victims[~rotates]
+
+
+def _join_and_pack(
+    snapshot: ColumnarSnapshot,
+    running: Ints,
+    chosen: Ints,
+    blk: Ints,
+    leaving: tuple[Ints, Ints],
+    plan: Plan,
+    room: int,
+    with_schedule: bool,
+) -> None:
+    """``shared.policy.lvf._join_and_pack``: resume the chosen rotary requests whose blocks
+    fit in what is left of B_HBM (and whose rotate-out is done), let the chosen waiting ones
+    join the batch, pack it, admit the joining requests that got a chunk."""
+    columns = snapshot.requests
+    rotated, preempted = leaving
+    free = snapshot.num_free_hbm_blocks
+    if len(preempted):
+        freed = int(columns.num_blocks_hbm[preempted].sum())
+        free, room = free + freed, room + freed
+    is_rotary = columns.states[chosen] == ROTARY_CODE
+    can_act = ~is_rotary | (columns.num_blocks_hbm[chosen] == 0)
+    acting = np.flatnonzero(can_act)
+    fitted, _ = greedy_take(blk[chosen[acting]], room, len(acting), stop_at_zero=False)
+    resumed = chosen[acting[fitted][is_rotary[acting[fitted]]]]
+    free -= int(blk[resumed].sum())
+    joining = chosen[~is_rotary]
+    keep = running
+    if len(rotated) or len(preempted):
+        leaves = np.zeros(len(columns), np.bool_)
+        leaves[rotated] = leaves[preempted] = True
+        keep = running[~leaves[running]]
+    batch, tokens = pack_columns(
+        columns,
+        np.concatenate((keep, joining)),
+        snapshot.block_size,
+        snapshot.max_num_batched_tokens,
+        snapshot.max_num_seqs,
+        max(0, free),
+    )
+    ids = columns.request_ids
+    plan.preempt_ids = pick_ids(ids, preempted)
+    plan.rotate_out_ids = pick_ids(ids, rotated)
+    plan.resume_ids = pick_ids(ids, resumed)
+    if len(joining):
+        scheduled = np.zeros(len(columns), np.bool_)
+        scheduled[batch] = True
+        plan.admit_ids = pick_ids(ids, joining[scheduled[joining]])
+    if with_schedule:
+        plan.schedule = list(map(make_chunk, pick_ids(ids, batch), tokens))

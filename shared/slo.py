@@ -1,0 +1,88 @@
+"""SLO classes: named (TTFT, TBT) targets that a request chooses, kept in one Redis hash with a
+version and validated on every write (like the knobs)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+from redis.asyncio import Redis
+
+from shared.streams import SLO_CLASSES_KEY
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class SloClass:
+    name: str
+    ttft_s: float
+    tbt_s: float
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ValueError(f"SLO class name {self.name!r}: use 1-64 of [A-Za-z0-9_.-]")
+        for field_name, value in (("ttft_s", self.ttft_s), ("tbt_s", self.tbt_s)):
+            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"SLO class {self.name!r}: {field_name} must be a number > 0")
+
+
+DEFAULT_SLO_CLASSES: dict[str, SloClass] = {
+    c.name: c
+    for c in (
+        SloClass("interactive", 1.0, 0.05),
+        SloClass("standard", 5.0, 0.1),
+        SloClass("batch", 60.0, 1.0),
+    )
+}
+
+
+def slo_classes_from_mapping(raw: dict[str, Any]) -> dict[str, SloClass]:
+    """``{name: {"ttft_s": .., "tbt_s": ..}}`` -> validated classes (ValueError names the bad
+    one)."""
+    classes: dict[str, SloClass] = {}
+    for name, spec in raw.items():
+        if not isinstance(spec, dict) or set(spec) != {"ttft_s", "tbt_s"}:
+            raise ValueError(f"SLO class {name!r}: give exactly ttft_s and tbt_s")
+        classes[name] = SloClass(name, spec["ttft_s"], spec["tbt_s"])
+    if not classes:
+        raise ValueError("at least one SLO class is needed")
+    return classes
+
+
+async def read_slo_classes(redis: Redis) -> tuple[dict[str, SloClass], int]:
+    """Current classes and version (the defaults, version 0, when none were written)."""
+    raw = await redis.hgetall(SLO_CLASSES_KEY)
+    version = int(raw.pop(b"version", 0))
+    if not raw:
+        return dict(DEFAULT_SLO_CLASSES), version
+    decoded = {_text(k): msgpack.unpackb(v) for k, v in raw.items()}
+    try:
+        return slo_classes_from_mapping(decoded), version
+    except ValueError:
+        return dict(DEFAULT_SLO_CLASSES), version  # never written by us: keep serving
+
+
+async def write_slo_classes(redis: Redis, raw: dict[str, Any]) -> tuple[dict[str, SloClass], int]:
+    """Replace the classes with ``raw`` after validation; a bad value raises ValueError and
+    nothing is written."""
+    classes = slo_classes_from_mapping(raw)
+    packed = {
+        c.name: msgpack.packb({"ttft_s": float(c.ttft_s), "tbt_s": float(c.tbt_s)})
+        for c in classes.values()
+    }
+    stale = {_text(k) for k in await redis.hkeys(SLO_CLASSES_KEY)} - set(packed) - {"version"}
+    async with redis.pipeline(transaction=True) as pipe:
+        if stale:
+            pipe.hdel(SLO_CLASSES_KEY, *stale)
+        pipe.hset(SLO_CLASSES_KEY, mapping=packed)  # type: ignore[arg-type]
+        pipe.hincrby(SLO_CLASSES_KEY, "version", 1)
+        results = await pipe.execute()
+    return classes, int(results[-1])
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

