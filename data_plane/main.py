@@ -119,6 +119,7 @@ async def _run_and_drain(
         await asyncio.wait({run, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if not run.done():
             state.draining = True
+            worker.draining = True
             loop = asyncio.get_running_loop()
             deadline = loop.time() + drain_timeout_s
             log.info("worker_draining", worker_id=state.worker_id, timeout_s=drain_timeout_s)

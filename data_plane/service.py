@@ -68,6 +68,9 @@ class Worker:
         self._busy_time_s = 0.0  # iteration time summed since the last heartbeat
         self._busy_iterations = 0
         self._lifecycle: list[tuple[str, dict[str, Any]]] = []  # request id -> fields to set
+        # Set on SIGTERM: new requests stay pending in the stream (the next incarnation reads
+        # them) and gateways stop routing here; aborts are still honoured.
+        self.draining = False
         self.num_iterations = 0
         self.num_malformed = 0
 
@@ -129,6 +132,9 @@ class Worker:
             await self.redis.xack(self.requests_stream, streams.WORKER_GROUP, entry_id)
             return
         if isinstance(msg, SubmitRequest):
+            if self.draining:
+                log.info("request_left_pending_while_draining", request_id=msg.request_id)
+                return  # not acknowledged: redelivered to this worker's next incarnation
             await self._submit(msg)
         elif isinstance(msg, AbortRequest):
             if self.engine.abort(msg.request_id):
@@ -224,6 +230,7 @@ class Worker:
             iteration_time_s=mean_iteration_s,
             plan_source=self.planner.source,
             policy=self.planner.knobs.policy,
+            accepting=not self.draining,
             num_preemptions=engine.stats.num_preemptions,
             num_rotations_out=engine.stats.num_rotations_out,
             num_rotations_in=engine.stats.num_rotations_in,

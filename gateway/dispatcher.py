@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 from redis.asyncio import Redis
 
+from gateway.errors import APIError
 from shared import streams
 from shared.protocol import AbortRequest, SubmitRequest, TokenOutput, encode
 from shared.protocol.convert import stream_messages
@@ -30,6 +31,10 @@ class RequestHandle:
     outputs: asyncio.Queue[TokenOutput]
     num_received: int = 0  # output tokens received so far (the next expected index)
     overflowed: bool = False
+    failure: APIError | None = None  # set by the gateway (e.g. the worker died)
+    worker_epoch: str = ""
+    t_worker_seen_s: float = 0.0  # the last heartbeat of its worker seen alive
+    submit: SubmitRequest | None = None  # kept until the first token, for a resubmit
     lost_output: bool = False  # an output message is missing (index gap)
     done: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
@@ -67,6 +72,12 @@ class Dispatcher:
         )
         self.handles[request_id] = handle
         return handle
+
+    def fail(self, handle: RequestHandle, error: APIError) -> None:
+        """End ``handle`` with ``error`` (its consumer raises it at its next read)."""
+        handle.failure = error
+        with contextlib.suppress(asyncio.QueueFull):
+            handle.outputs.put_nowait(TokenOutput(handle.request_id, -1, []))  # a wake-up
 
     def release(self, handle: RequestHandle) -> None:
         handle.done = True

@@ -15,6 +15,7 @@ from redis.exceptions import RedisError
 from gateway.detokenizer import IncrementalDetokenizer
 from gateway.dispatcher import Dispatcher, RequestHandle
 from gateway.errors import APIError
+from gateway.limits import KeyLimiter
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
 from gateway.workers import WorkerDirectory
@@ -39,6 +40,7 @@ class GenerationParams:
     ignore_eos: bool = False
     priority: int = 0
     tenant: str | None = None
+    key_id: str | None = None  # the API key's id, for its limits
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +109,8 @@ class Generation:
         except TimeoutError:
             message = f"no output from the worker in {timeout_s:g} s"
             raise APIError(504, message, code="worker_timeout") from None
+        if handle.failure is not None:
+            raise handle.failure
         if handle.overflowed:
             raise APIError(503, "client is reading too slowly; request dropped", code="overflow")
         if handle.lost_output:
@@ -121,6 +125,7 @@ class Generation:
             self._timeline.t_first_run_s = msg.t_first_run_s
         if msg.token_ids and self._timeline.t_first_s is None:
             self.service.directory.dequeue(self.handle.worker_id, self.num_prompt_tokens)
+            self.handle.submit = None
         self._timeline.on_tokens(len(msg.token_ids), now)
         self.num_completion_tokens += len(msg.token_ids)
         text = self._detok.add(msg.token_ids)
@@ -157,12 +162,18 @@ class GenerationService:
         self.directory = directory
         self.metrics = metrics
         self._background: set[asyncio.Task[None]] = set()
+        self.key_limiter = KeyLimiter(
+            settings.max_concurrent_per_key, settings.max_requests_per_s_per_key
+        )
 
     async def start(self, request_id: str, params: GenerationParams) -> Generation:
         """Route and submit; 503/429 when no worker can take it."""
         num_prompt_tokens = len(params.prompt_token_ids)
         status = self.directory.choose(num_prompt_tokens)
+        if params.key_id is not None:
+            self.key_limiter.acquire(params.key_id)  # 429 when over the key's limits
         handle = self.dispatcher.open(request_id, status.worker_id, num_prompt_tokens)
+        handle.worker_epoch, handle.t_worker_seen_s = status.epoch, status.t_heartbeat_s
         generation = Generation(self, handle, params)
         submit = SubmitRequest(
             request_id=request_id,
@@ -192,7 +203,10 @@ class GenerationService:
         except RedisError as exc:
             self.dispatcher.release(handle)
             self.directory.dequeue(status.worker_id, num_prompt_tokens)
+            if params.key_id is not None:
+                self.key_limiter.release(params.key_id)
             raise APIError(503, f"could not reach the request bus: {exc}", code="bus") from exc
+        handle.submit = submit
         log.info("request_submitted", request_id=request_id, worker_id=status.worker_id)
         return generation
 
@@ -202,6 +216,8 @@ class GenerationService:
         if handle.done:
             return
         self.dispatcher.release(handle)
+        if generation.params.key_id is not None:
+            self.key_limiter.release(generation.params.key_id)
         if timeline.t_first_s is None:
             self.directory.dequeue(handle.worker_id, generation.num_prompt_tokens)
         reason = generation.finish_reason
@@ -226,6 +242,39 @@ class GenerationService:
             fields["first_token_s"] = timeline.t_first_s
         self._record(generation.request_id, **fields)
         log.info("request_finished", request_id=generation.request_id, finish_reason=reason)
+
+    async def check_workers(self) -> None:
+        """Requests on a worker that stopped beating (or restarted) do not hang: those with no
+        token yet go to another worker, the others end with a clear error."""
+        now = time.time()
+        dead_s = self.settings.worker_dead_s
+        for handle in list(self.dispatcher.handles.values()):
+            status = self.directory.statuses.get(handle.worker_id)
+            if status is not None and status.epoch == handle.worker_epoch:
+                handle.t_worker_seen_s = max(handle.t_worker_seen_s, status.t_heartbeat_s)
+            restarted = status is not None and status.epoch != handle.worker_epoch
+            if not restarted and now - handle.t_worker_seen_s <= dead_s:
+                continue
+            if handle.submit is not None and await self._resubmit(handle):
+                continue
+            reason = "restarted" if restarted else f"sent no heartbeat for {dead_s:g} s"
+            message = f"worker {handle.worker_id} {reason}; the request was lost"
+            log.error("request_lost_with_worker", request_id=handle.request_id, reason=reason)
+            self.dispatcher.fail(handle, APIError(503, message, code="worker_lost"))
+
+    async def _resubmit(self, handle: RequestHandle) -> bool:
+        old_worker_id, submit = handle.worker_id, handle.submit
+        candidates = [s for s in self.directory.routable() if s.worker_id != old_worker_id]
+        if submit is None or not candidates:
+            return False
+        status = min(candidates, key=self.directory.predicted_lag_s)
+        self.directory.dequeue(old_worker_id, handle.num_prompt_tokens)
+        self.directory.enqueue(status.worker_id, handle.num_prompt_tokens)
+        handle.worker_id, handle.worker_epoch = status.worker_id, status.epoch
+        handle.t_worker_seen_s = status.t_heartbeat_s
+        await self.dispatcher.submit(status.worker_id, submit, {"worker_id": status.worker_id})
+        log.warning("request_resubmitted", request_id=handle.request_id, worker_id=status.worker_id)
+        return True
 
     def abort_later(self, handle: RequestHandle) -> None:
         self._spawn(self.dispatcher.abort(handle))

@@ -133,7 +133,7 @@ async def _params(
     settings = state.settings
     if body.model is not None and body.model != state.model_name:
         raise APIError(404, f"the model {body.model!r} does not exist", "model", "model_not_found")
-    tenant, key_class = await _api_key(state, request)
+    tenant, key_class, key_id = await _api_key(state, request)
     slo = _slo_class(state, request.headers.get("x-slo-class") or key_class)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if len(stop) > settings.max_stop_strings or any(
@@ -168,15 +168,19 @@ async def _params(
         ignore_eos=body.ignore_eos,
         priority=body.priority,
         tenant=tenant,
+        key_id=key_id,
     )
 
 
-async def _api_key(state: GatewayState, request: Request) -> tuple[str | None, str | None]:
+async def _api_key(
+    state: GatewayState, request: Request
+) -> tuple[str | None, str | None, str | None]:
+    """(tenant, default SLO class, key id) of the request's API key, if it has a known one."""
     key = bearer(request)
     info = await lookup_api_key(state.redis, key) if key else None
     if info is None and state.settings.require_api_key:
         raise APIError(401, "a valid API key is required", code="invalid_api_key")
-    return (info.tenant, info.slo_class) if info else (None, None)
+    return (info.tenant, info.slo_class, info.key_id) if info else (None, None, None)
 
 
 def _slo_class(state: GatewayState, name: str | None) -> Any:

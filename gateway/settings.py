@@ -30,10 +30,13 @@ class GatewaySettings(BaseSettings):
     max_body_bytes: int = 1_048_576
     max_stop_strings: int = 8
     max_stop_string_chars: int = 256
+    max_concurrent_per_key: int = 256  # per API key, per gateway
+    max_requests_per_s_per_key: float = 100.0  # per API key, per gateway (bursts of as many)
     max_buffered_outputs: int = 4096  # per request; a client that falls further behind fails
     # Timeouts and liveness.
     token_timeout_s: float = 60.0  # longest wait for the next output of an admitted request
-    worker_alive_s: float = 5.0  # a worker is routable while its heartbeat is this fresh
+    worker_alive_s: float = 2.0  # a worker is routable while its heartbeat is this fresh
+    worker_dead_s: float = 3.0  # its in-flight requests move or fail after this much silence
     directory_refresh_s: float = 0.25
     output_block_ms: int = 500
     redis_max_connections: int = 64  # requests wait for a free connection beyond this

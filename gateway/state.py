@@ -59,6 +59,7 @@ class GatewayState:
 
     async def _refresh(self) -> None:
         await self.directory.refresh()
+        await self.generations.check_workers()
         await asyncio.sleep(self.settings.directory_refresh_s)
 
     async def close(self) -> None:

@@ -76,6 +76,10 @@ class WorkerDirectory:
         horizon_s = time.time() - self.settings.worker_alive_s
         return [s for s in self.statuses.values() if s.t_heartbeat_s >= horizon_s]
 
+    def routable(self) -> list[WorkerStatus]:
+        """Live workers that take new requests (not draining)."""
+        return [s for s in self.alive() if s.accepting]
+
     def max_model_len(self) -> int | None:
         lens = [s.max_model_len for s in self.alive()]
         return min(lens) if lens else None
@@ -93,7 +97,7 @@ class WorkerDirectory:
     def choose(self, num_prompt_tokens: int) -> WorkerStatus:
         """The least-lagging worker with room in its queue; 503 without workers, 429 (with
         Retry-After) when every queue is full."""
-        candidates = self.alive()
+        candidates = self.routable()
         if not candidates:
             raise APIError(503, "no data-plane worker is available", code="no_worker")
         open_workers = [s for s in candidates if self._has_room(s.worker_id, num_prompt_tokens)]

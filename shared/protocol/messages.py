@@ -278,3 +278,4 @@ class WorkerStatus:
     num_rotations_in: int
     bytes_h2d: int
     bytes_d2h: int
+    accepting: bool  # False while draining: in-flight requests finish, no new ones come
