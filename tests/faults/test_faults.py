@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import httpx
 
-from tests.faults.support import RedisProcess, System, run_load, summary
+from tests.faults.conftest import WORKER_ARGS
+from tests.faults.support import ADMIN_TOKEN, RedisProcess, System, run_load, summary
 
 
-async def _poll(predicate, timeout_s: float, interval_s: float = 0.2) -> float:  # noqa: ANN001
+async def _poll(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.2) -> float:
     """Seconds until ``predicate()`` held (raises TimeoutError after ``timeout_s``)."""
     t_start = time.monotonic()
     while time.monotonic() - t_start < timeout_s:
@@ -37,8 +39,10 @@ async def test_r2_control_plane_killed_under_load(system: System) -> None:
     system.start("control-plane")
     t_remote_s = await _poll(lambda: _plan_source(system) == "remote", 20)
     outcomes = await load
-    print(f"R2: {summary(outcomes)}; local plans {t_local_s:.1f} s after the kill, remote again "
-          f"{t_remote_s:.1f} s after the restart")
+    print(
+        f"R2: {summary(outcomes)}; local plans {t_local_s:.1f} s after the kill, remote again "
+        f"{t_remote_s:.1f} s after the restart"
+    )
     assert all(o.completed and o.num_tokens == 96 for o in outcomes)
 
 
@@ -53,9 +57,11 @@ async def test_r3_redis_restart_under_load(system: System, redis_process: RedisP
     outcomes = await load
     late_s = max((o.t_end_s - t_back for o in outcomes if not o.completed), default=0.0)
     recovered_s = await _poll(lambda: _one_request_ok(system), 20)
-    print(f"R3: Redis down {t_back - t_killed:.1f} s; {summary(outcomes)}; the last failed one "
-          f"ended {late_s:.1f} s after Redis was back; new requests succeed "
-          f"{recovered_s:.1f} s after that")
+    print(
+        f"R3: Redis down {t_back - t_killed:.1f} s; {summary(outcomes)}; the last failed one "
+        f"ended {late_s:.1f} s after Redis was back; new requests succeed "
+        f"{recovered_s:.1f} s after that"
+    )
     assert all(o.completed or o.clear_error for o in outcomes)
     assert late_s <= 5.0
     assert all(o.t_end_s - o.t_start_s < 60 for o in outcomes)
@@ -78,12 +84,40 @@ async def test_r4_worker_killed_under_load(system: System) -> None:
     lost = [o for o in failed if "worker w0" in str(o.error)]
     late_s = max((o.t_end_s - t_killed for o in lost), default=0.0)
     recovered_s = await _poll(lambda: _one_request_ok(system), 10)
-    print(f"R4: {summary(outcomes)}; the last request lost with w0 ended {late_s:.1f} s after "
-          f"the kill; new requests succeed {recovered_s:.1f} s later (worker w1)")
+    print(
+        f"R4: {summary(outcomes)}; the last request lost with w0 ended {late_s:.1f} s after "
+        f"the kill; new requests succeed {recovered_s:.1f} s later (worker w1)"
+    )
     assert failed, "the killed worker had requests in flight"
     assert all(o.clear_error for o in failed)
     refused = [o for o in failed if o.status == 429 and "queue_full" in str(o.error)]
-    print(f"R4: {len(lost)} lost with w0 (clear 503 errors), {len(refused)} refused with 429 "
-          "20 times in a row")
+    print(
+        f"R4: {len(lost)} lost with w0 (clear 503 errors), {len(refused)} refused with 429 "
+        "20 times in a row"
+    )
     assert lost and len(lost) + len(refused) == len(failed)  # no request on w1 failed
     assert late_s <= 5.0
+
+
+def test_password_redis_and_secrets_never_logged() -> None:
+    """A Redis that needs a password (given in the URL); the admin token and the password never
+    appear in any service's log."""
+    redis_process = RedisProcess(password="s3cret-redis-pw")
+    redis_process.start()
+    system = System(redis_process, "tiny-random", WORKER_ARGS)
+    try:
+        for name in ("control-plane", "w0", "gateway"):
+            system.start(name)
+        system.wait_ready()
+        assert _one_request_ok(system)
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        put = httpx.put(f"{system.url}/admin/v1/knobs", json={"alpha": 2}, headers=headers)
+        assert put.status_code == 200
+        wrong = httpx.put(f"{system.url}/admin/v1/knobs", json={"alpha": 2})
+        assert wrong.status_code == 401
+    finally:
+        system.stop_all()
+        redis_process.kill()
+    logs = "".join(path.read_text() for path in system.logs.glob("*.log"))
+    assert "request_submitted" in logs  # the services did log
+    assert ADMIN_TOKEN not in logs and "s3cret-redis-pw" not in logs

@@ -48,9 +48,11 @@ async def test_r7_overload_gets_429_and_memory_stays_bounded(system: System) -> 
     rss_start = {name: system.rss_mb(name) for name in ("gateway", "w0")}
     num_ok, num_429, num_other = await _blast(system.url, OVERLOAD_S, 240)
     rss_end = {name: system.rss_mb(name) for name in ("gateway", "w0")}
-    print(f"R7: {OVERLOAD_S:.0f} s at 240 clients: {num_ok} completed, {num_429} got 429, "
-          f"{num_other} other; RSS MB gateway {rss_start['gateway']:.0f} -> "
-          f"{rss_end['gateway']:.0f}, worker {rss_start['w0']:.0f} -> {rss_end['w0']:.0f}")
+    print(
+        f"R7: {OVERLOAD_S:.0f} s at 240 clients: {num_ok} completed, {num_429} got 429, "
+        f"{num_other} other; RSS MB gateway {rss_start['gateway']:.0f} -> "
+        f"{rss_end['gateway']:.0f}, worker {rss_start['w0']:.0f} -> {rss_end['w0']:.0f}"
+    )
     assert num_ok > 0 and num_429 > 0 and num_other == 0
     assert rss_end["gateway"] < GATEWAY_RSS_BOUND_MB
     assert rss_end["w0"] - rss_start["w0"] < WORKER_RSS_GROWTH_BOUND_MB
@@ -87,9 +89,11 @@ async def test_slow_reader_neither_slows_others_nor_grows_memory(system: System)
     rss_after = system.rss_mb("gateway")
     for sock in readers:
         sock.close()
-    print(f"slow readers: {summary(outcomes)}; 16 streams took {with_slow_s:.1f} s beside 4 "
-          f"stalled readers vs {baseline_s:.1f} s alone; gateway RSS {rss_before:.0f} -> "
-          f"{rss_after:.0f} MB")
+    print(
+        f"slow readers: {summary(outcomes)}; 16 streams took {with_slow_s:.1f} s beside 4 "
+        f"stalled readers vs {baseline_s:.1f} s alone; gateway RSS {rss_before:.0f} -> "
+        f"{rss_after:.0f} MB"
+    )
     assert all(o.completed for o in outcomes + baseline)
     assert with_slow_s < 3 * baseline_s + 2.0
     assert rss_after - rss_before < 50.0

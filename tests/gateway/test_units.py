@@ -1,0 +1,77 @@
+"""Gateway pieces without a server: chat templates, per-key limits, settings guard."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway import limits
+from gateway.app import create_app
+from gateway.chat import ChatRenderer, ChatTemplateError
+from gateway.errors import APIError
+from gateway.limits import KeyLimiter
+from gateway.settings import GatewaySettings
+from shared.tokenizer import ByteTokenizer, TokenizerBundle
+
+# The shape of Llama 3's template (tokenizer_config.json "chat_template").
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'tool' %}{{ raise_exception('tools are not supported') }}{% endif %}"
+    "<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
+    "{{ message['content'] | trim }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+def _renderer(template: str | None) -> ChatRenderer:
+    return ChatRenderer(TokenizerBundle(ByteTokenizer(), "m", template, "<|begin_of_text|>"))
+
+
+def test_model_chat_template_is_rendered() -> None:
+    renderer = _renderer(LLAMA3_TEMPLATE)
+    text = renderer.render(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi "}]
+    )
+    assert text == (
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+
+
+def test_template_errors_are_client_errors_and_the_sandbox_holds() -> None:
+    with pytest.raises(ChatTemplateError, match="tools are not supported"):
+        _renderer(LLAMA3_TEMPLATE).render([{"role": "tool", "content": "x"}])
+    hostile = _renderer("{{ messages.__class__.__mro__[1].__subclasses__() }}")
+    with pytest.raises(ChatTemplateError):
+        hostile.render([{"role": "user", "content": "x"}])
+
+
+def test_default_template_without_one() -> None:
+    text = _renderer(None).render([{"role": "user", "content": "Tim had a dog"}])
+    assert text == "user: Tim had a dog\nassistant:"
+
+
+def test_key_limiter_bounds_concurrency_and_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+    monkeypatch.setattr(limits.time, "monotonic", lambda: now[0])
+    limiter = KeyLimiter(max_concurrent=2, max_requests_per_s=3.0)
+    limiter.acquire("k")
+    limiter.acquire("k")
+    with pytest.raises(APIError) as busy:
+        limiter.acquire("k")
+    assert busy.value.status_code == 429 and busy.value.headers == {"Retry-After": "1"}
+    limiter.release("k")
+    limiter.acquire("k")  # the third token of the burst
+    limiter.release("k")
+    limiter.release("k")
+    with pytest.raises(APIError, match="requests/s"):
+        limiter.acquire("k")  # burst spent
+    limiter.acquire("other")  # other keys are independent
+    now[0] += 0.34
+    limiter.acquire("k")  # one token refilled
+
+
+def test_admin_api_needs_a_token_or_an_explicit_opt_out() -> None:
+    with pytest.raises(ValueError, match="admin token"):
+        create_app(GatewaySettings(admin_token=None, admin_disabled=False))
+    create_app(GatewaySettings(admin_token=None, admin_disabled=True))
