@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from gateway.auth import bearer, lookup_api_key
 from gateway.chat import ChatTemplateError
@@ -275,4 +276,19 @@ def _sse(
         yield "data: [DONE]\n\n"
 
     headers = {"x-request-id": generation.request_id, "cache-control": "no-cache"}
-    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+    return _GenerationStream(generation, events(), media_type="text/event-stream", headers=headers)
+
+
+class _GenerationStream(StreamingResponse):
+    """SSE that always ends its generation, even when the client left before the first byte
+    (then the event generator never starts and its own cleanup never runs)."""
+
+    def __init__(self, generation: Generation, content: AsyncIterator[str], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.generation = generation
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.generation.service.finish(self.generation)
