@@ -24,7 +24,9 @@ async def _blast(url: str, duration_s: float, concurrency: int) -> tuple[int, in
     counts = [0, 0, 0]
     body = {"prompt": "Once upon", "max_tokens": 16, "ignore_eos": True}
     deadline = time.monotonic() + duration_s
-    limits = httpx.Limits(max_connections=concurrency + 4)
+    # A fresh connection per request: reusing a kept-alive one races the server closing it
+    # (a client-side ReadError that says nothing about the server).
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
 
         async def client_loop() -> None:
