@@ -56,6 +56,7 @@ class Worker:
         self.epoch = uuid.uuid4().hex[:12]
         self.model_name = served_model_name(settings.model)
         engine.clock = time.time  # the wire's times (t_arr_s, ...) are unix seconds
+        engine.tokenizer = None  # text (detokenizing, stop strings) is the gateway's job
         knobs = Knobs(policy=settings.policy, b_xfer=settings.b_xfer)
         self.planner = HybridPlanner(knobs, settings.plan_max_age_iterations, self.epoch)
         engine.planner = self.planner
