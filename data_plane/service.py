@@ -208,7 +208,7 @@ class Worker:
 
     def _status(self, now: float) -> WorkerStatus:
         engine, kv = self.engine, self.engine.kv
-        stats = getattr(kv, "stats", None)
+        stats = getattr(kv, "tiered_stats", None)
         dram = getattr(kv, "dram", None)
         block_bytes = self.block_bytes
         mean_iteration_s = self._busy_time_s / max(1, self._busy_iterations)

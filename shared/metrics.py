@@ -2,7 +2,9 @@
 
 A :class:`RequestTimeline` is what a client sees of one request: its arrival time, the time of
 every output token, and its SLOs (S_F for the first token, S_B between tokens). Used by the
-simulator (``data_plane/sim``) and the load generator alike. Definitions (SUPERINFER.md §1, §7):
+simulator (``data_plane/sim``) and the load generator (``superinfer bench``) alike; both write
+result rows whose first keys are :data:`ROW_KEYS`, the SLO part built by :func:`slo_fields`.
+Definitions (SUPERINFER.md §1, §7):
 
 - TTFT = first token time - arrival; met when TTFT <= S_F. A request that produced no token
   (rejected, aborted, never served) misses it.
@@ -28,6 +30,26 @@ from dataclasses import dataclass
 import numpy as np
 
 SLO_EPS_S = 1e-9
+# Keys of one result row of `superinfer simulate` and `superinfer bench`, in order.
+ROW_KEYS = (
+    "policy",
+    "rps",
+    "num_requests",
+    "ttft_attainment",
+    "tbt_attainment",
+    "tpot_attainment",
+    "goodput_rps",
+    "output_tokens_per_s",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tbt_p50_s",
+    "tbt_p99_s",
+    "preemptions",
+    "rotations",
+    "bytes_h2d",
+    "bytes_d2h",
+    "exposed_transfer_s",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,3 +172,32 @@ def summarize(timelines: Sequence[RequestTimeline], duration_s: float | None = N
         duration_s=duration,
         num_output_tokens=num_tokens,
     )
+
+
+def slo_fields(summary: SloSummary) -> dict[str, float | None]:
+    """The SLO part of a result row (``ttft_attainment`` .. ``tbt_p99_s`` of :data:`ROW_KEYS`)."""
+    return {
+        "ttft_attainment": summary.ttft_attainment,
+        "tbt_attainment": summary.tbt_attainment,
+        "tpot_attainment": summary.tpot_attainment,
+        "goodput_rps": summary.goodput_rps,
+        "output_tokens_per_s": summary.output_tokens_per_s,
+        "ttft_p50_s": summary.ttft_p50_s,
+        "ttft_p99_s": summary.ttft_p99_s,
+        "tbt_p50_s": summary.tbt_p50_s,
+        "tbt_p99_s": summary.tbt_p99_s,
+    }
+
+
+def latency_stats_ms(name: str, values_s: Sequence[float]) -> dict[str, float | None]:
+    """vLLM's ``mean_<name>_ms``, ``median_<name>_ms``, ``std_<name>_ms``, ``p99_<name>_ms``
+    of ``values_s`` (seconds in, milliseconds out; None for no values)."""
+    if len(values_s) == 0:
+        return {f"{stat}_{name}_ms": None for stat in ("mean", "median", "std", "p99")}
+    values_ms = np.asarray(values_s, dtype=np.float64) * 1000.0
+    return {
+        f"mean_{name}_ms": float(np.mean(values_ms)),
+        f"median_{name}_ms": float(np.median(values_ms)),
+        f"std_{name}_ms": float(np.std(values_ms)),
+        f"p99_{name}_ms": float(np.percentile(values_ms, 99)),
+    }

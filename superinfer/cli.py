@@ -183,6 +183,18 @@ def _add_gateway_parsers(sub: argparse._SubParsersAction) -> None:
     serve.set_defaults(func=_serve)
 
 
+def _add_bench_parsers(sub: argparse._SubParsersAction) -> None:
+    from data_plane.profile import add_profile_arguments, run_profile
+    from superinfer.loadgen_cli import add_bench_arguments, run_bench_command
+
+    bench = sub.add_parser("bench", help="SLO load generator for an OpenAI-compatible server")
+    add_bench_arguments(bench)
+    bench.set_defaults(func=run_bench_command)
+    profile = sub.add_parser("profile", help="fit a cost profile of a model on this machine")
+    add_profile_arguments(profile)
+    profile.set_defaults(func=run_profile)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="superinfer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -203,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="policies on a trace in virtual time (cost model)")
     add_simulate_arguments(sim)
     sim.set_defaults(func=run_simulate)
+    _add_bench_parsers(sub)
     return parser
 
 

@@ -26,29 +26,11 @@ from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.tiered import TieredKVCacheManager
 from data_plane.sim.setup import SimParts, SimSetup, build_parts
 from shared.costmodel import CostProfile, auto_b_xfer_blocks
-from shared.metrics import RequestTimeline, summarize
+from shared.metrics import ROW_KEYS as ROW_KEYS  # the row's keys, shared with `superinfer bench`
+from shared.metrics import RequestTimeline, slo_fields, summarize
 from shared.policy import POLICY_NAMES, Knobs
 from shared.traces import TraceRequest
 
-ROW_KEYS = (
-    "policy",
-    "rps",
-    "num_requests",
-    "ttft_attainment",
-    "tbt_attainment",
-    "tpot_attainment",
-    "goodput_rps",
-    "output_tokens_per_s",
-    "ttft_p50_s",
-    "ttft_p99_s",
-    "tbt_p50_s",
-    "tbt_p99_s",
-    "preemptions",
-    "rotations",
-    "bytes_h2d",
-    "bytes_d2h",
-    "exposed_transfer_s",
-)
 STALL_TICK_S = 0.01  # idle step with nothing in flight and no arrival left: let time pass
 MAX_STALL_S = 60.0  # ... for this long, then the run is stuck (a policy that never schedules)
 ProgressFn = Callable[[int, int], None]
@@ -270,15 +252,7 @@ def _row(
         "policy": policy,
         "rps": rps,
         "num_requests": len(trace),
-        "ttft_attainment": summary.ttft_attainment,
-        "tbt_attainment": summary.tbt_attainment,
-        "tpot_attainment": summary.tpot_attainment,
-        "goodput_rps": summary.goodput_rps,
-        "output_tokens_per_s": summary.output_tokens_per_s,
-        "ttft_p50_s": summary.ttft_p50_s,
-        "ttft_p99_s": summary.ttft_p99_s,
-        "tbt_p50_s": summary.tbt_p50_s,
-        "tbt_p99_s": summary.tbt_p99_s,
+        **slo_fields(summary),
         "preemptions": stats.num_preemptions,
         "rotations": stats.num_rotations_out,
         "bytes_h2d": transfer.stats.bytes_h2d if transfer else 0,

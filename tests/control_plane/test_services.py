@@ -161,11 +161,15 @@ async def test_token_streams_equal_offline_with_lvf_rotation(
     services.start_control_plane()
     await _push(redis_client, [_submit(i, p) for i, p in enumerate(prompts)])
     tokens = await _collect(redis_client, {f"req-{i}" for i in range(len(prompts))})
+    status = services.worker._status(time.time())  # what the next heartbeat publishes
     await services.stop()
     assert [tokens[f"req-{i}"] for i in range(len(prompts))] == offline
     engine = services.worker.engine
     assert services.worker.planner.num_remote > 0
     assert engine.stats.num_rotations_out + engine.stats.num_preemptions > 0
+    assert status.num_rotations_out == engine.stats.num_rotations_out
+    if engine.stats.num_rotations_out:  # rotation moved KV both ways, and the status says so
+        assert status.bytes_d2h > 0 and status.bytes_h2d > 0
     print(
         f"remote plans {services.worker.planner.num_remote}, local "
         f"{services.worker.planner.num_local}, rotations {engine.stats.num_rotations_out}, "

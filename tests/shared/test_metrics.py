@@ -5,11 +5,14 @@ from __future__ import annotations
 import pytest
 
 from shared.metrics import (
+    ROW_KEYS,
     RequestTimeline,
+    latency_stats_ms,
     meets_tpot,
     meets_ttft,
     percentile,
     run_duration_s,
+    slo_fields,
     summarize,
     tbt_gaps_s,
     tpot_s,
@@ -104,3 +107,21 @@ def test_percentile() -> None:
     assert percentile([0.0, 10.0], 25) == pytest.approx(2.5)
     with pytest.raises(ValueError):
         percentile([1.0], 101)
+
+
+def test_slo_fields_are_the_row_keys_slo_part() -> None:
+    fields = slo_fields(summarize([A, B, C, D]))
+    start = ROW_KEYS.index("ttft_attainment")
+    assert tuple(fields) == ROW_KEYS[start : start + len(fields)]
+    assert fields["ttft_attainment"] == pytest.approx(0.5)
+
+
+def test_latency_stats_in_vllm_names() -> None:
+    stats = latency_stats_ms("ttft", [0.5, 1.0, 2.0])
+    assert stats["mean_ttft_ms"] == pytest.approx(3500 / 3)
+    assert stats["median_ttft_ms"] == pytest.approx(1000)
+    assert stats["p99_ttft_ms"] == pytest.approx(1980)
+    assert stats["std_ttft_ms"] == pytest.approx(623.6095, rel=1e-6)
+    assert latency_stats_ms("itl", []) == dict.fromkeys(
+        ("mean_itl_ms", "median_itl_ms", "std_itl_ms", "p99_itl_ms")
+    )
