@@ -26,13 +26,16 @@ from data_plane.transfer.base import BlockCopy, TransferEngine, TransferHandle
 EVICT, SYNC, LOAD = "evict", "sync", "load"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Move:
     kind: str  # EVICT / SYNC (D2H) or LOAD (H2D)
     request_id: str
     index: int  # logical block index in the request's table
     hbm_id: int
     dram_id: int
+    # The table the move belongs to: a request preempted by recompute and admitted again gets
+    # a new table, and a copy still in flight for the old one must not touch it.
+    table: BlockTable
 
 
 @dataclass(slots=True)
@@ -130,7 +133,7 @@ class TieredKVCacheManager(KVCacheManager):
         hbm_id = table.hbm_ids[index]
         assert hbm_id is not None
         table.sync[index] = PENDING
-        move = _Move(kind, request_id, index, hbm_id, dram_id)
+        move = _Move(kind, request_id, index, hbm_id, dram_id, table)
         (self._urgent if kind == EVICT else self._syncs).append(move)
         return True
 
@@ -161,7 +164,8 @@ class TieredKVCacheManager(KVCacheManager):
         kept: deque[_Move] = deque()
         for move in self._syncs:
             if move.request_id == request_id:
-                self._urgent.append(_Move(EVICT, request_id, move.index, move.hbm_id, move.dram_id))
+                evict = _Move(EVICT, request_id, move.index, move.hbm_id, move.dram_id, table)
+                self._urgent.append(evict)
             else:
                 kept.append(move)
         self._syncs = kept
@@ -181,7 +185,7 @@ class TieredKVCacheManager(KVCacheManager):
             dram_id = table.dram_ids[index]
             assert dram_id is not None and table.sync[index] == SYNCED
             table.hbm_ids[index] = hbm_id
-            self._urgent.append(_Move(LOAD, request_id, index, hbm_id, dram_id))
+            self._urgent.append(_Move(LOAD, request_id, index, hbm_id, dram_id, table))
         table.num_pending_h2d = len(missing)
         return True
 
@@ -295,9 +299,8 @@ class TieredKVCacheManager(KVCacheManager):
             if move.dram_id in self._deferred_dram:
                 self._deferred_dram.discard(move.dram_id)
                 self.dram.free([move.dram_id])
-            table = self.tables.get(move.request_id)
-            if table is not None:
-                self._apply_completion(move, table)
+            if self.tables.get(move.request_id) is move.table:  # not freed (and not re-created)
+                self._apply_completion(move, move.table)
 
     def _apply_completion(self, move: _Move, table: BlockTable) -> None:
         stats = self.tiered_stats

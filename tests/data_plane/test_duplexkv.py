@@ -292,3 +292,31 @@ def test_dram_pool_grows_as_chunks_are_pinned() -> None:
     assert registered[1][0] == dram[4].data_ptr()
     pinner.close()
     assert sorted(unregistered) == sorted(p for p, _ in registered)
+
+
+def test_copy_in_flight_for_a_freed_request_leaves_its_new_table_alone() -> None:
+    """Preempted by recompute while its eager syncs were in flight, then admitted again with a
+    shorter table: the old copies' completion must not touch the new table (it used to raise
+    IndexError in the middle of an engine step)."""
+    gate = threading.Event()
+
+    class GatedEngine(CpuTransferEngine):
+        def submit(self, h2d, d2h):  # noqa: ANN001 - the copies wait for the gate
+            gate.wait()
+            return super().submit(h2d, d2h)
+
+    kv, hbm, dram = _manager()
+    kv.transfer = GatedEngine(hbm, dram)
+    _fill(kv, "a", 4 * BS)  # four full blocks: four eager syncs queued
+    issuing = threading.Thread(target=kv.issue_transfers)
+    issuing.start()
+    kv.free("a")  # preempted by recompute while the syncs are being issued
+    _fill(kv, "a", 1)  # admitted again: a one-block table
+    gate.set()
+    issuing.join()
+    kv.drain()
+    table = kv.tables["a"]
+    assert len(table.sync) == 1 and table.num_pending_evict == 0
+    kv.free("a")
+    kv.drain()
+    assert kv.hbm.num_free == kv.hbm.num_blocks and kv.dram.num_free == kv.dram.num_blocks
