@@ -118,7 +118,7 @@ class ControlPlane:
             for msg in snapshots:
                 try:
                     plan = plan_for(msg, self.knobs, self.knobs_version)
-                except (ValueError, KeyError) as exc:  # e.g. an unknown state string
+                except (ValueError, KeyError, ArithmeticError) as exc:  # e.g. a huge count
                     self.num_malformed += 1
                     log.error("unplannable_snapshot", worker_id=msg.worker_id, error=str(exc))
                     continue

@@ -148,7 +148,8 @@ def measure_link(geometry: Any, backend: str, device: str) -> tuple[float, float
     from data_plane.transfer import BlockCopy, make_transfer_engine
 
     hbm = geometry.allocate(_LINK_BLOCKS, device)
-    dram = geometry.allocate(_LINK_BLOCKS, "cpu")
+    # The cuda backend needs page-locked host memory (as the worker's pinned DRAM pool is).
+    dram = geometry.allocate(_LINK_BLOCKS, "cpu", pin=str(device).startswith("cuda"))
     engine = make_transfer_engine(backend, hbm, dram)
     scattered = np.random.default_rng(0).permutation(_LINK_BLOCKS).tolist()
     copies = [BlockCopy(i, dst) for i, dst in enumerate(scattered)]  # no adjacent runs

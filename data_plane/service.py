@@ -251,8 +251,8 @@ class Worker:
             self._queue_outputs(pipe, outputs)
             self._queue_lifecycle(pipe)
             snapshot = self.planner.last_snapshot
-            if snapshot is not None:
-                msg_bytes = encode(self._snapshot_message(snapshot, iteration_time_s))
+            msg_bytes = self._snapshot_bytes(snapshot, iteration_time_s) if snapshot else None
+            if msg_bytes is not None:
                 pipe.xadd(
                     streams.SNAPSHOTS_STREAM,
                     {"m": msg_bytes},
@@ -288,6 +288,15 @@ class Worker:
                 self._lifecycle.append((out.request_id, fields))
             else:
                 self._reply[out.request_id] = (stream, sent + len(out.new_token_ids))
+
+    def _snapshot_bytes(self, snapshot: Snapshot, iteration_time_s: float) -> bytes | None:
+        """The encoded snapshot, or None (logged) when a value cannot travel (e.g. a client's
+        non-finite arrival time): the worker then plans locally, it does not stop."""
+        try:
+            return encode(self._snapshot_message(snapshot, iteration_time_s))
+        except ValueError as exc:
+            log.error("snapshot_not_published", iteration=snapshot.iteration, error=str(exc))
+            return None
 
     def _snapshot_message(self, snapshot: Snapshot, iteration_time_s: float) -> StateSnapshot:
         kv = self.engine.kv

@@ -257,7 +257,8 @@ def _sse(
     def event(chunk: dict[str, Any]) -> str:
         if include_usage and "usage" not in chunk:
             chunk["usage"] = None
-        return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+        # ASCII-only JSON: no U+2028, U+0085... that line-splitting clients would cut at.
+        return f"data: {json.dumps(chunk)}\n\n"
 
     async def events() -> AsyncIterator[str]:
         try:

@@ -34,7 +34,7 @@ def gateway_outputs_stream(gateway_id: str) -> str:
 # Stream lengths are capped (approximate MAXLEN) so Redis memory stays bounded in long runs.
 MAXLEN_REQUESTS = 100_000
 MAXLEN_PLANS = 1_000
-MAXLEN_SNAPSHOTS = 1_000
+MAXLEN_SNAPSHOTS = 64  # only the newest per worker matters; a 4,096-request one is ~170 KB
 MAXLEN_OUTPUTS = 100_000
 
 # Hash SLO class name -> msgpack {ttft_s, tbt_s}, plus "version" (written validated by the admin

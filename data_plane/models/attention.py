@@ -6,6 +6,9 @@ head_dim)``. Viewed as rows of ``(kv_heads, head_dim)``, token ``o`` of block ``
 carries every row index for layer 0's K; layer ``l`` adds ``2 * l * block_size`` (V adds
 another ``block_size``), so writing new K/V is one ``index_copy_`` and gathering a context is
 one ``index_select``, with no copy of the strided per-layer view.
+
+Metadata that carries block tables (``meta.paged``, built for a CUDA device) sends both calls
+to the Triton kernels of ``triton_attention`` instead, which read the same layout in place.
 """
 
 from __future__ import annotations
@@ -14,6 +17,32 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class TileSet:
+    """Query tiles of one Triton launch: tile ``i`` holds up to ``block_q`` queries of sequence
+    ``seq_ids[i]``, starting at its query ``query_offsets[i]``."""
+
+    seq_ids: torch.Tensor  # [num_tiles]
+    query_offsets: torch.Tensor  # [num_tiles]
+    block_q: int
+
+    @property
+    def num_tiles(self) -> int:
+        return int(self.seq_ids.shape[0])
+
+
+@dataclass(slots=True)
+class PagedInputs:
+    """Block tables for the Triton path; sequences are ordered as the tokens are."""
+
+    block_tables: torch.Tensor  # [num_seqs, width] HBM block ids, padded with 0
+    context_lens: torch.Tensor  # [num_seqs] tokens cached after this step (new ones included)
+    query_starts: torch.Tensor  # [num_seqs + 1] token index of each sequence's first query
+    decode_tiles: TileSet | None
+    prefill_tiles: TileSet | None
+    rows_per_block: int  # num_layers * 2 * block_size
 
 
 @dataclass(slots=True)
@@ -33,6 +62,7 @@ class AttentionMetadata:
     prefill_num_computed: list[int]  # tokens already in the cache before the chunk
     prefill_rows: list[torch.Tensor]  # [context] rows of each prefill sequence
     block_size: int
+    paged: PagedInputs | None = None  # set: the Triton path (block tables, no row lists)
 
 
 def write_kv(
@@ -43,6 +73,11 @@ def write_kv(
     meta: AttentionMetadata,
 ) -> None:
     """Store new keys/values ``[num_tokens, num_kv_heads, head_dim]`` in their slots."""
+    if meta.paged is not None:
+        from data_plane.models.triton_attention import write_kv_paged
+
+        write_kv_paged(cache_rows, layer_offset, k, v, meta)
+        return
     rows = meta.slot_rows + layer_offset
     cache_rows.index_copy_(0, rows, k)
     cache_rows.index_copy_(0, rows + meta.block_size, v)
@@ -57,6 +92,10 @@ def paged_attention(
     sliding_window: int | None,
 ) -> torch.Tensor:
     """Attention for every new token. ``q``: [num_tokens, num_heads, head_dim]."""
+    if meta.paged is not None:
+        from data_plane.models.triton_attention import paged_attention_triton
+
+        return paged_attention_triton(q, cache_rows, layer_offset, meta, scale, sliding_window)
     out = torch.empty_like(q)
     n_dec = meta.num_decodes
     if n_dec:

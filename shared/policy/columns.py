@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -65,7 +66,9 @@ class PackedIds:
         text, starts = self._text, self._starts
         return [
             text[start:end]
-            for start, end in zip(starts[indices].tolist(), starts[indices + 1].tolist(), strict=True)
+            for start, end in zip(
+                starts[indices].tolist(), starts[indices + 1].tolist(), strict=True
+            )
         ]
 
     def text_and_lengths(self) -> tuple[str, Ints]:
@@ -144,14 +147,16 @@ def columns_from_views(views: Sequence[RequestView]) -> RequestColumns:
     if not num:
         return empty_columns()
     states = map(STATE_CODES.__getitem__, map(attrgetter("state"), views))
-    floats = [_floats(map(attrgetter(name), views), name, num) for name in FLOAT_FIELDS]
-    ints = [np.fromiter(map(attrgetter(name), views), np.int64, num) for name in INT_FIELDS]
+    arrays: dict[str, Any] = {
+        name: _floats(map(attrgetter(name), views), name, num) for name in FLOAT_FIELDS
+    }
+    for name in INT_FIELDS:
+        arrays[name] = np.fromiter(map(attrgetter(name), views), np.int64, num)
     return RequestColumns(
-        list(map(attrgetter("request_id"), views)),
-        np.fromiter(states, np.uint8, num),
-        *floats,
-        *ints,
-        np.fromiter(map(attrgetter("resident"), views), np.bool_, num),
+        request_ids=list(map(attrgetter("request_id"), views)),
+        states=np.fromiter(states, np.uint8, num),
+        resident=np.fromiter(map(attrgetter("resident"), views), np.bool_, num),
+        **arrays,
     )
 
 
@@ -163,9 +168,11 @@ def _floats(values: Iterator[float | None], name: str, num: int) -> Floats:
 
 
 def empty_columns() -> RequestColumns:
-    floats = [np.empty(0, np.float64) for _ in FLOAT_FIELDS]
-    ints = [np.empty(0, np.int64) for _ in INT_FIELDS]
-    return RequestColumns([], np.empty(0, np.uint8), *floats, *ints, np.empty(0, np.bool_))
+    arrays: dict[str, Any] = {name: np.empty(0, np.float64) for name in FLOAT_FIELDS}
+    arrays |= {name: np.empty(0, np.int64) for name in INT_FIELDS}
+    return RequestColumns(
+        request_ids=[], states=np.empty(0, np.uint8), resident=np.empty(0, np.bool_), **arrays
+    )
 
 
 def views_from_columns(columns: RequestColumns) -> tuple[RequestView, ...]:

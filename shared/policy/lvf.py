@@ -4,6 +4,11 @@ L = running + waiting + rotary ranked by VLT, descending (ties: arrival time, th
 order). Waiting and rotary requests have VLT >= 0 and running ones VLT <= 0, so the head scan
 (step 3) only ever takes waiting/rotary requests and the tail scan (step 4) only running ones:
 each scan ranks only its own part of L, which keeps the planner cheap at thousands of requests.
+
+This version walks :class:`RequestView` objects (the engine's in-process snapshot; fastest for
+the small snapshots of most iterations). ``shared/policy/lvf_columnar.py`` makes the same plans
+over numpy columns (the control plane's snapshots); a change to one must be made to the other
+(tests/shared/test_policy_columnar.py compares them on random snapshots).
 """
 
 from __future__ import annotations

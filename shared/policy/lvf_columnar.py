@@ -22,7 +22,7 @@ from shared.policy.columns import (
     RequestColumns,
     pick_ids,
 )
-from shared.policy.common import make_chunk
+from shared.policy.common import make_chunks
 from shared.policy.packing import greedy_take, pack_columns
 from shared.policy.types import Knobs, Plan
 from shared.policy.vlt import vlt_array
@@ -84,7 +84,7 @@ def _head_scan(
     if seats <= 0 or b_left <= 0:
         return _EMPTY, b_left
     columns = snapshot.requests
-    for segment in _segments_of_l(columns, candidates, scores, head=True):
+    for segment in _segments_of_l(columns, candidates, scores, True, _SEGMENT):
         segment = segment[columns.num_blocks_hbm[segment] == 0]  # else a rotate-out in flight
         taken, b_left = greedy_take(blk[segment], b_left, seats, stop_at_zero=True)
         chosen.append(segment[taken])
@@ -95,16 +95,16 @@ def _head_scan(
 
 
 def _segments_of_l(
-    columns: RequestColumns, indices: Ints, scores: np.ndarray, head: bool
+    columns: RequestColumns, indices: Ints, scores: np.ndarray, head: bool, size: int
 ) -> Iterator[Ints]:
     """``indices`` in L's order (``head``: VLT descending, then arrival time, arrival order,
     snapshot order) or in the tail scan's (VLT ascending, later arrival first, snapshot
-    order), as consecutive segments: the (at most) ``_SEGMENT`` most extreme VLTs first, then,
+    order), as consecutive segments: the (at most) ``size`` most extreme VLTs first, then,
     only if the scan gets that far, the rest. Equal VLTs never straddle the cut (it lies
     strictly between VLT values), so the segments joined are the full order."""
-    if len(indices) > 2 * _SEGMENT:
+    if len(indices) > 2 * size:
         scan_keys = -scores[indices] if head else scores[indices]  # ascending = scan order
-        cut = np.partition(scan_keys, _SEGMENT)[_SEGMENT]
+        cut = np.partition(scan_keys, size)[size]
         first = scan_keys < cut
         yield _in_scan_order(columns, indices[first], scores, head)
         indices = indices[~first]
@@ -127,7 +127,9 @@ def _rotate_out_tail(
     # passed over for good: VLT >= 0 (the scan stops there), no HBM block, KV not resident
     running = running[(scores[running] < 0) & (held > 0) & columns.resident[running]]
     victims: list[Ints] = [_EMPTY]
-    for segment in _segments_of_l(columns, running, scores, head=False):
+    held = columns.num_blocks_hbm[running]
+    expected = 2 * b_swap * len(held) // max(1, int(held.sum()))  # victims, on average x2
+    for segment in _segments_of_l(columns, running, scores, False, max(_SEGMENT, expected)):
         taken, num_blocks = _tail_victims(columns, segment, b_swap, shortage)
         victims.append(taken)
         b_swap, shortage = b_swap - num_blocks, shortage - num_blocks
@@ -223,4 +225,4 @@ def _join_and_pack(
         scheduled[batch] = True
         plan.admit_ids = pick_ids(ids, joining[scheduled[joining]])
     if with_schedule:
-        plan.schedule = list(map(make_chunk, pick_ids(ids, batch), tokens))
+        plan.schedule = make_chunks(pick_ids(ids, batch), tokens)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 class RequestState(enum.StrEnum):
@@ -79,8 +80,11 @@ class Knobs:
             raise ValueError(f"b_xfer must be >= 0 or auto, got {self.b_xfer}")
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledChunk:
+class ScheduledChunk(NamedTuple):
+    """``num_tokens`` of ``request_id`` computed this iteration. A named tuple (immutable,
+    compared by value) rather than a dataclass: a batch holds thousands of them and a tuple
+    is built in C (:func:`shared.policy.common.make_chunk`)."""
+
     request_id: str
     num_tokens: int
 

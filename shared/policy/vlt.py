@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from shared.policy.columns import ROTARY_CODE, WAITING_CODE, Floats, RequestColumns
+from shared.policy.columns import RUNNING_CODE, WAITING_CODE, Floats, RequestColumns
 from shared.policy.types import Knobs, RequestState, RequestView
 
 _RUNNING = RequestState.RUNNING
@@ -65,21 +65,20 @@ def vlt_scores(views: Sequence[RequestView], t_now_s: float, knobs: Knobs) -> li
 def vlt_array(columns: RequestColumns, t_now_s: float, knobs: Knobs) -> Floats:
     """``vlt`` of every request in ``columns``, bit for bit (the same float operations in the
     same order, element-wise; NaN stands for None)."""
-    t_arr = columns.t_arr_s
-    t_run = np.where(np.isnan(columns.t_run_s), t_arr, columns.t_run_s)
-    scores = -(t_now_s - t_run)
-    states = columns.states
+    t_arr, states = columns.t_arr_s, columns.states
     waiting = states == WAITING_CODE
-    if waiting.any():
-        slo = columns.slo_ttft_s
-        tol = np.where(np.isnan(slo), knobs.beta_f * knobs.slo_ttft_s, knobs.beta_f * slo)
-        lag = t_now_s - t_arr - tol
-        scores = np.where(waiting, np.where(lag > 0.0, lag, 0.0), scores)
-    rotary = states == ROTARY_CODE
-    if rotary.any():
-        slo = columns.slo_tbt_s
-        t_last = np.where(np.isnan(columns.t_last_s), t_arr, columns.t_last_s)
-        tol = np.where(np.isnan(slo), knobs.beta_b * knobs.slo_tbt_s, knobs.beta_b * slo)
-        lag = t_now_s - t_last - tol
-        scores = np.where(rotary, knobs.alpha * np.where(lag > 0.0, lag, 0.0), scores)
-    return scores
+    # waiting and rotary alike: ReLU(t_now - since - tolerance), times alpha when rotary
+    since = np.where(waiting, t_arr, _or(columns.t_last_s, t_arr))
+    slo = np.where(waiting, columns.slo_ttft_s, columns.slo_tbt_s)
+    beta = np.where(waiting, knobs.beta_f, knobs.beta_b)
+    default = np.where(waiting, knobs.beta_f * knobs.slo_ttft_s, knobs.beta_b * knobs.slo_tbt_s)
+    lag = t_now_s - since - np.where(np.isnan(slo), default, beta * slo)
+    lag = np.where(lag > 0.0, lag, 0.0)
+    scores = np.where(waiting, lag, knobs.alpha * lag)
+    running = states == RUNNING_CODE
+    return np.where(running, -(t_now_s - _or(columns.t_run_s, t_arr)), scores)
+
+
+def _or(values: Floats, fallback: Floats) -> Floats:
+    """``values``, with ``fallback`` where a value is NaN (None)."""
+    return np.where(np.isnan(values), fallback, values)

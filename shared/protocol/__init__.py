@@ -8,6 +8,7 @@ from shared.protocol.codec import SCHEMA_VERSION, ProtocolError, decode, encode
 from shared.protocol.messages import (
     AbortRequest,
     RequestRow,
+    RequestTable,
     RotationPlan,
     StateSnapshot,
     SubmitRequest,
@@ -20,6 +21,7 @@ __all__ = [
     "AbortRequest",
     "ProtocolError",
     "RequestRow",
+    "RequestTable",
     "RotationPlan",
     "StateSnapshot",
     "SubmitRequest",

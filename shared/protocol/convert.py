@@ -36,7 +36,8 @@ def table_from_columns(
     num = len(columns)
     synced = np.zeros(num, np.int64) if num_blocks_synced is None else num_blocks_synced
     packed = {
-        name: _pack(name, kind, getattr(columns, name, None)) for name, kind in TABLE_COLUMNS.items()
+        name: _pack(name, kind, getattr(columns, name, None))
+        for name, kind in TABLE_COLUMNS.items()
     }
     text, lengths = _joined(columns.request_ids)
     packed["id_lengths"] = _pack_ints(lengths)

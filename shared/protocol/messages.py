@@ -196,6 +196,21 @@ class RequestRow:
     arrival_seq: int
 
 
+_SNAPSHOT_COUNTS = (
+    "iteration",
+    "num_free_hbm_blocks",
+    "num_free_dram_blocks",
+    "num_hbm_blocks",
+    "num_dram_blocks",
+    "block_size",
+    "block_bytes",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "b_xfer_blocks",
+)
+_MAX_COUNT = 2**53  # the policy does numpy int64 arithmetic with these
+
+
 @message("snapshot")
 @dataclass(frozen=True, slots=True)
 class StateSnapshot:
@@ -218,6 +233,10 @@ class StateSnapshot:
     plan_source: str  # remote | local
 
     def __post_init__(self) -> None:
+        for name in _SNAPSHOT_COUNTS:
+            value = getattr(self, name)
+            if not 0 <= value <= _MAX_COUNT:
+                raise ValueError(f"{name} must be in 0..{_MAX_COUNT}, got {value}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if not math.isfinite(self.t_now_s):

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from redis.asyncio import Redis
@@ -21,7 +24,9 @@ from data_plane.service import Worker
 from data_plane.settings import WorkerSettings
 from shared import streams
 from shared.knobs import write_knobs
-from shared.protocol import SubmitRequest, TokenOutput, decode, encode
+from shared.policy import RequestState, RequestView, Snapshot
+from shared.protocol import StateSnapshot, SubmitRequest, TokenOutput, decode, encode
+from shared.protocol.convert import rows_from_table
 from tests.redis_support import redis_url
 
 REPLY = "superinfer:gateway:test:outputs"
@@ -287,3 +292,23 @@ async def test_one_control_plane_steers_two_workers(
     await first.stop()
     assert [tokens[f"req-{i}"] for i in range(6)] == offline
     assert first.worker.planner.num_remote > 0 and second.worker.planner.num_remote > 0
+
+
+def test_a_snapshot_that_cannot_travel_is_skipped_not_fatal() -> None:
+    kv = SimpleNamespace(tables={}, hbm=SimpleNamespace(num_blocks=8))
+    worker = SimpleNamespace(
+        engine=SimpleNamespace(kv=kv),
+        settings=SimpleNamespace(worker_id="w0"),
+        epoch="e1",
+        block_bytes=64,
+        planner=SimpleNamespace(source="local"),
+    )
+    worker._snapshot_message = partial(Worker._snapshot_message, worker)
+    view = RequestView("r", RequestState.WAITING, t_arr_s=float("nan"), num_tokens=3)
+    bad = Snapshot(1.0, (view,), 4, 0, 4, 64, 8, iteration=3)
+    assert Worker._snapshot_bytes(worker, bad, 0.01) is None  # logged, the worker goes on
+    good = replace(bad, requests=(replace(view, t_arr_s=0.5),))
+    data = Worker._snapshot_bytes(worker, good, 0.01)
+    assert data is not None
+    msg = decode(data, StateSnapshot)
+    assert rows_from_table(msg.requests)[0].t_arr_s == 0.5 and msg.iteration == 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -301,8 +302,8 @@ def test_copy_in_flight_for_a_freed_request_leaves_its_new_table_alone() -> None
     gate = threading.Event()
 
     class GatedEngine(CpuTransferEngine):
-        def submit(self, h2d, d2h):  # noqa: ANN001 - the copies wait for the gate
-            gate.wait()
+        def submit(self, h2d: list[BlockCopy], d2h: list[BlockCopy]) -> Any:
+            gate.wait()  # the copies wait for the gate
             return super().submit(h2d, d2h)
 
     kv, hbm, dram = _manager()

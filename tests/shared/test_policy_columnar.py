@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import replace
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -24,7 +25,8 @@ from shared.policy import (
     make_plan,
     vlt,
 )
-from shared.policy.columns import ColumnarSnapshot, views_from_columns
+from shared.policy import lvf_columnar as columnar_module
+from shared.policy.columns import ColumnarSnapshot, PackedIds, pick_ids, views_from_columns
 from shared.policy.common import pack_schedule
 from shared.policy.lvf import lvf
 from shared.policy.lvf_columnar import lvf_columnar
@@ -50,7 +52,8 @@ def random_snapshot(seed: int) -> tuple[Snapshot, Knobs]:
         value = rng.uniform(lo, t_now)
         return round(value / grid) * grid if grid else value
 
-    views = [_random_view(rng, i, bs, t) for i in range(rng.choice((1, 5, 40, 150, 400)))]
+    num = rng.choice((1, 5, 40, 150, 400, 1200))
+    views = [_random_view(rng, i, bs, t) for i in range(num)]
     num_running = sum(v.state is RequestState.RUNNING for v in views)
     scale = max(1, len(views))
     snapshot = Snapshot(
@@ -74,7 +77,7 @@ def random_snapshot(seed: int) -> tuple[Snapshot, Knobs]:
     return snapshot, knobs
 
 
-def _random_view(rng: random.Random, index: int, bs: int, t) -> RequestView:  # noqa: ANN001
+def _random_view(rng: random.Random, index: int, bs: int, t) -> RequestView:
     state = rng.choice(STATES)
     num_tokens = rng.randint(1, 120)
     view = RequestView(
@@ -132,13 +135,14 @@ def test_columnar_lvf_equals_lvf_on_small_snapshots(snapshot: Snapshot, knobs: K
 
 
 @settings(max_examples=300, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1))
-def test_columnar_lvf_equals_lvf_on_large_snapshots(seed: int) -> None:
+@given(seed=st.integers(0, 2**32 - 1), segment=st.sampled_from((1, 3, 256)))
+def test_columnar_lvf_equals_lvf_on_large_snapshots(seed: int, segment: int) -> None:
     snapshot, knobs = random_snapshot(seed)
     expected = lvf(snapshot, knobs)
-    assert lvf_columnar(columnar_from_snapshot(snapshot), knobs) == expected
-    assert lvf_columnar(through_the_wire(snapshot), knobs) == expected
-    without = lvf_columnar(columnar_from_snapshot(snapshot), knobs, with_schedule=False)
+    with patch.object(columnar_module, "_SEGMENT", segment):  # small: every scan is cut
+        assert lvf_columnar(columnar_from_snapshot(snapshot), knobs) == expected
+        assert lvf_columnar(through_the_wire(snapshot), knobs) == expected
+        without = lvf_columnar(columnar_from_snapshot(snapshot), knobs, with_schedule=False)
     assert without == replace(expected, schedule=[])
 
 
@@ -244,3 +248,15 @@ def test_nan_marks_an_unknown_time() -> None:
     columns = columns_from_views([view])
     assert math.isnan(columns.t_last_s[0]) and math.isnan(columns.t_run_s[0])
     assert vlt_array(columns, 10.0, Knobs()).tolist() == [vlt(view, 10.0, Knobs())]
+
+
+def test_packed_ids_slice_one_string() -> None:
+    ids = ["a", "", "ünï", "req-42"]
+    packed = PackedIds("".join(ids), np.array([len(i) for i in ids], np.int64))
+    assert list(packed) == ids and len(packed) == 4 and packed[2] == "ünï"
+    assert pick_ids(packed, np.array([3, 0])) == ["req-42", "a"]
+    assert pick_ids(ids, np.array([3, 0])) == ["req-42", "a"]
+    assert pick_ids(ids, np.array([2])) == ["ünï"] and pick_ids(packed, np.array([], int)) == []
+    for text, lengths in (("abc", [1, 1]), ("ab", [3, -1]), ("x", [])):
+        with pytest.raises(ValueError):
+            PackedIds(text, np.array(lengths, np.int64))

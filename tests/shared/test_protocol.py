@@ -11,6 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shared.policy import ColumnarSnapshot, Knobs
+from shared.policy.lvf_columnar import lvf_columnar
 from shared.protocol import (
     SCHEMA_VERSION,
     AbortRequest,
@@ -175,11 +177,12 @@ def test_malformed_snapshot_tables_are_rejected(column: str, value: object, erro
 
 
 @pytest.mark.parametrize(
-    ("index", "value"), [(3, float("nan")), (9, 0), (14, float("inf")), (15, -1.0)]
+    ("index", "value"),
+    [(3, float("nan")), (9, 0), (14, float("inf")), (15, -1.0), (6, 2**63), (12, -1), (2, -5)],
 )
 def test_malformed_snapshot_scalars_are_rejected(index: int, value: object) -> None:
     fields = _snapshot_fields()
-    fields[index] = value  # t_now_s, block_size, iteration_time_s, link_bytes_per_s
+    fields[index] = value  # t_now_s, block_size, iteration_time_s, link_bytes_per_s, counts
     with pytest.raises(ProtocolError):
         decode(msgpack.packb({"v": SCHEMA_VERSION, "t": "snapshot", "d": fields}))
 
@@ -194,4 +197,14 @@ def test_garbage_in_a_snapshot_table_raises_only_protocol_error(column: int, val
     fields[4][column] = value
     with contextlib.suppress(ProtocolError):
         msg = decode(msgpack.packb({"v": SCHEMA_VERSION, "t": "snapshot", "d": fields}))
-        columns_from_table(msg.requests)  # what the control plane does with it next
+        snapshot = ColumnarSnapshot(  # what the control plane does with it next
+            msg.t_now_s,
+            columns_from_table(msg.requests),
+            msg.num_free_hbm_blocks,
+            msg.num_free_dram_blocks,
+            msg.block_size,
+            msg.max_num_batched_tokens,
+            msg.max_num_seqs,
+            msg.b_xfer_blocks,
+        )
+        lvf_columnar(snapshot, Knobs(policy="lvf"))

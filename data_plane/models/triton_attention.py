@@ -1,0 +1,420 @@
+"""Paged attention over the block-first KV layout in Triton (the GPU path).
+
+Two kernels read and write the cache ``(num_blocks, num_layers, 2, block_size, kv_heads,
+head_dim)`` in place, through each sequence's block table (no gather of the context):
+
+- ``_write_kv_kernel``: one program per new token stores its K and V rows; a negative slot row
+  (a padded row of a CUDA-graph batch) writes nothing.
+- ``_attention_kernel``: one program per (query tile, KV head). A tile is up to ``BLOCK_Q``
+  consecutive queries of one sequence times the query heads of one KV group (GQA), so a decode
+  (one query) and a prefill chunk (causal over its own tokens and everything cached before it)
+  are the same code. It walks the context in tiles of ``BLOCK_N`` tokens, mapping position
+  ``p`` to row ``table[p // block_size] * rows_per_block + layer_offset + p % block_size``
+  (int64 addresses), with an online softmax in fp32.
+
+Kernels are compiled lazily on first use, so whether Triton runs them compiled (CUDA) or in its
+interpreter (``TRITON_INTERPRET=1``, CPU tensors; the tests) is decided when they are first
+launched, not when this module is imported. The torch path in ``attention.py`` is the
+reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from data_plane.models.attention import AttentionMetadata, PagedInputs, TileSet
+
+# triton is optional (the CPU path never needs it) and imported on the first launch: its own
+# library functions are bound to the interpreter or the compiler when it is imported, so
+# ``TRITON_INTERPRET`` set after this module's import still applies.
+tl: Any = None
+
+DECODE_TILE_ROWS = 16  # rows (queries x heads of a group) of a decode tile: tl.dot's minimum
+PREFILL_TILE_ROWS = 64
+DECODE_BLOCK_N = 64  # context tokens per loop iteration
+PREFILL_BLOCK_N = 32
+_LOG2E = 1.4426950408889634
+
+
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _next_pow2(value: int) -> int:
+    return 1 << max(0, value - 1).bit_length()
+
+
+def tile_block_q(group_size: int, prefill: bool) -> int:
+    """Queries per tile: a tile holds ``block_q * next_pow2(group)`` rows (at least 16)."""
+    rows = PREFILL_TILE_ROWS if prefill else DECODE_TILE_ROWS
+    return max(1, rows // _next_pow2(group_size))
+
+
+def build_tiles(query_lens: list[int], first_seq: int, block_q: int) -> tuple[list[int], list[int]]:
+    """(sequence id, query offset) of every tile covering ``query_lens`` (sequence ``i`` of the
+    list is sequence ``first_seq + i`` of the batch)."""
+    if block_q < 1:
+        raise ValueError(f"block_q must be >= 1, got {block_q}")
+    seq_ids: list[int] = []
+    offsets: list[int] = []
+    for index, num_queries in enumerate(query_lens):
+        for offset in range(0, num_queries, block_q):
+            seq_ids.append(first_seq + index)
+            offsets.append(offset)
+    return seq_ids, offsets
+
+
+@dataclass(slots=True)
+class HostBatch:
+    """One iteration's inputs as host lists, decodes (one token each) first."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slot_rows: list[int]  # layer-0 K row of each new token; -1 = write nothing
+    query_lens: list[int]  # per sequence
+    context_lens: list[int]  # per sequence, the new tokens included
+    block_tables: list[list[int]]  # per sequence, covering its context
+    num_decodes: int
+    logits_index: list[int]  # token rows whose logits are sampled
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def table_width(self) -> int:
+        return max((len(t) for t in self.block_tables), default=0)
+
+
+def padded_tables(tables: list[list[int]], width: int) -> list[list[int]]:
+    """Every table padded with block 0 to ``width`` columns (never read beyond its context)."""
+    if any(len(t) > width for t in tables):
+        raise ValueError(f"a block table is wider than {width} columns")
+    return [t + [0] * (width - len(t)) for t in tables]
+
+
+def paged_metadata(
+    batch: HostBatch, block_size: int, rows_per_block: int, group_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+    """Device tensors of ``batch``: (input ids, positions, metadata, logits index)."""
+    n_dec = batch.num_decodes
+    query_starts = [0]
+    for num_queries in batch.query_lens:
+        query_starts.append(query_starts[-1] + num_queries)
+    decode_q = tile_block_q(group_size, prefill=False)
+    prefill_q = tile_block_q(group_size, prefill=True)
+    pre_ids, pre_offsets = build_tiles(batch.query_lens[n_dec:], n_dec, prefill_q)
+
+    def longs(values: list[int] | list[list[int]]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    width = -(-max(1, batch.table_width) // 16) * 16  # 16-aligned: one kernel specialisation
+    context_lens = longs(batch.context_lens)
+    paged = PagedInputs(
+        block_tables=longs(padded_tables(batch.block_tables, width)).view(batch.num_seqs, width),
+        context_lens=context_lens,
+        query_starts=longs(query_starts),
+        decode_tiles=TileSet(longs(list(range(n_dec))), longs([0] * n_dec), decode_q),
+        prefill_tiles=TileSet(longs(pre_ids), longs(pre_offsets), prefill_q),
+        rows_per_block=rows_per_block,
+    )
+    empty = torch.zeros((0, 0), dtype=torch.long, device=device)
+    meta = AttentionMetadata(
+        slot_rows=longs(batch.slot_rows),
+        num_decodes=n_dec,
+        decode_rows=empty,
+        decode_context_lens=context_lens[:n_dec],
+        prefill_query_starts=[],
+        prefill_query_lens=[],
+        prefill_num_computed=[],
+        prefill_rows=[],
+        block_size=block_size,
+        paged=paged,
+    )
+    return longs(batch.input_ids), longs(batch.positions), meta, longs(batch.logits_index)
+
+
+# ---- kernels (plain functions, jitted on first use) -------------------------------------
+
+
+def _write_kv_kernel(
+    k_ptr,
+    v_ptr,
+    cache_ptr,
+    slot_rows_ptr,
+    layer_row_offset,
+    block_size,
+    stride_k_tok,
+    stride_k_head,
+    stride_v_tok,
+    stride_v_head,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    KV_HEADS_P: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_rows_ptr + token)
+    heads = tl.arange(0, KV_HEADS_P)
+    dims = tl.arange(0, HEAD_DIM_P)
+    # the slot test as a block (the interpreter rejects a scalar mask term)
+    head_ok = (heads < NUM_KV_HEADS) & ((tl.zeros([KV_HEADS_P], tl.int64) + slot) >= 0)
+    mask = head_ok[:, None] & (dims[None, :] < HEAD_DIM)
+    k = tl.load(
+        k_ptr + token * stride_k_tok + heads[:, None] * stride_k_head + dims[None, :], mask=mask
+    )
+    v = tl.load(
+        v_ptr + token * stride_v_tok + heads[:, None] * stride_v_head + dims[None, :], mask=mask
+    )
+    row = tl.maximum(slot, 0) + layer_row_offset
+    dst = cache_ptr + row * (NUM_KV_HEADS * HEAD_DIM) + heads[:, None] * HEAD_DIM + dims[None, :]
+    tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
+    v_dst = dst + block_size * (NUM_KV_HEADS * HEAD_DIM)
+    tl.store(v_dst, v.to(cache_ptr.dtype.element_ty), mask=mask)
+
+
+def _attention_kernel(
+    q_ptr,
+    out_ptr,
+    cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    query_starts_ptr,
+    tile_seq_ids_ptr,
+    tile_offsets_ptr,
+    layer_row_offset,
+    rows_per_block,
+    block_size,
+    qk_scale,
+    stride_q_tok,
+    stride_q_head,
+    stride_o_tok,
+    stride_o_head,
+    stride_table,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_P: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+    KV_ALIGN: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = tl.load(tile_seq_ids_ptr + tile)
+    q_offset = tl.load(tile_offsets_ptr + tile).to(tl.int32)
+    q_start = tl.load(query_starts_ptr + seq)
+    q_len = (tl.load(query_starts_ptr + seq + 1) - q_start).to(tl.int32)
+    context_len = tl.load(context_lens_ptr + seq).to(tl.int32)
+    num_computed = context_len - q_len
+
+    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_P
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = q_offset + rows // GROUP_P
+    head = kv_head * GROUP + rows % GROUP_P
+    row_valid = (q_idx < q_len) & (rows % GROUP_P < GROUP)
+    dims = tl.arange(0, HEAD_DIM_P)
+    dim_valid = dims < HEAD_DIM
+    token = q_start + q_idx
+    io_mask = row_valid[:, None] & dim_valid[None, :]
+    q = tl.load(
+        q_ptr + token[:, None] * stride_q_tok + head[:, None] * stride_q_head + dims[None, :],
+        mask=io_mask,
+        other=0.0,
+    ).to(DOT_DTYPE)
+    q_pos = num_computed + q_idx
+
+    hi = tl.minimum(context_len, num_computed + q_offset + BLOCK_Q)
+    lo = 0
+    if SLIDING_WINDOW > 0:
+        lo = tl.maximum(num_computed + q_offset - SLIDING_WINDOW + 1, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_P], tl.float32)
+    row_stride = NUM_KV_HEADS * HEAD_DIM
+    table_row = block_tables_ptr + seq * stride_table
+    for start in range(lo, hi, BLOCK_N):
+        k_pos = start + tl.arange(0, BLOCK_N)
+        k_valid = k_pos < hi
+        block_ids = tl.load(table_row + k_pos // block_size, mask=k_valid, other=0)
+        cache_row = block_ids * rows_per_block + layer_row_offset + k_pos % block_size
+        # a multiple of head_dim: rows of K/V are aligned, loads vectorize
+        k_off = tl.multiple_of(cache_row * row_stride + kv_head * HEAD_DIM, KV_ALIGN)
+        if HEAD_DIM == HEAD_DIM_P:
+            kv_mask = k_valid[:, None] & (dims[None, :] >= 0)
+        else:
+            kv_mask = k_valid[:, None] & dim_valid[None, :]
+        k = tl.load(cache_ptr + k_off[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        v_off = k_off + block_size * row_stride
+        v = tl.load(cache_ptr + v_off[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale
+        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        if SLIDING_WINDOW > 0:
+            visible = visible & (k_pos[None, :] > q_pos[:, None] - SLIDING_WINDOW)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        pv = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(
+        out_ptr + token[:, None] * stride_o_tok + head[:, None] * stride_o_head + dims[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=io_mask,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Kernels:
+    write_kv: Any
+    attention: Any
+    dtypes: dict[torch.dtype, Any]  # torch dtype -> triton dtype
+
+
+@functools.cache
+def _kernels() -> _Kernels:
+    global tl
+    if not triton_available():
+        raise RuntimeError("the Triton attention path needs triton (pip install triton)")
+    triton = importlib.import_module("triton")
+    tl = importlib.import_module("triton.language")
+    dtypes = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+    return _Kernels(triton.jit(_write_kv_kernel), triton.jit(_attention_kernel), dtypes)
+
+
+# ---- launches ----------------------------------------------------------------------------
+
+
+def write_kv_paged(
+    cache_rows: torch.Tensor,
+    layer_offset: int,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: AttentionMetadata,
+) -> None:
+    """Store new keys/values ``[num_tokens, num_kv_heads, head_dim]`` at ``meta.slot_rows``."""
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
+    _kernels().write_kv[(num_tokens,)](
+        k,
+        v,
+        cache_rows,
+        meta.slot_rows,
+        layer_offset,
+        meta.block_size,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        KV_HEADS_P=_next_pow2(num_kv_heads),
+        HEAD_DIM_P=_next_pow2(head_dim),
+    )
+
+
+def paged_attention_triton(
+    q: torch.Tensor,
+    cache_rows: torch.Tensor,
+    layer_offset: int,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """Attention for every new token over the paged cache. ``q``: [tokens, heads, head_dim]."""
+    paged = meta.paged
+    if paged is None:
+        raise ValueError("paged_attention_triton needs metadata with block tables (meta.paged)")
+    if not cache_rows.is_contiguous():
+        raise ValueError("the KV cache must be contiguous (block-first layout)")
+    q = _last_dim_contiguous(q)
+    out = torch.empty_like(q)
+    window = sliding_window or 0
+    for tiles, block_n in (
+        (paged.decode_tiles, DECODE_BLOCK_N),
+        (paged.prefill_tiles, PREFILL_BLOCK_N),
+    ):
+        if tiles is not None and tiles.num_tiles:
+            _launch_attention(
+                q, out, cache_rows, layer_offset, meta, paged, tiles, scale, window, block_n
+            )
+    return out
+
+
+def _launch_attention(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    cache_rows: torch.Tensor,
+    layer_offset: int,
+    meta: AttentionMetadata,
+    paged: PagedInputs,
+    tiles: TileSet,
+    scale: float,
+    sliding_window: int,
+    block_n: int,
+) -> None:
+    _, num_heads, head_dim = q.shape
+    num_kv_heads = cache_rows.shape[1]
+    group = num_heads // num_kv_heads
+    compute_dtype = cache_rows.dtype
+    kernels = _kernels()
+    # the interpreter's dot is wrong for bf16 operands: it multiplies in fp32 instead
+    dot_dtype = kernels.dtypes[torch.float32 if interpreter_enabled() else compute_dtype]
+    kernels.attention[(tiles.num_tiles, num_kv_heads)](
+        q,
+        out,
+        cache_rows,
+        paged.block_tables,
+        paged.context_lens,
+        paged.query_starts,
+        tiles.seq_ids,
+        tiles.query_offsets,
+        layer_offset,
+        paged.rows_per_block,
+        meta.block_size,
+        scale * _LOG2E,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        paged.block_tables.stride(0),
+        NUM_KV_HEADS=num_kv_heads,
+        GROUP=group,
+        GROUP_P=_next_pow2(group),
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P=max(16, _next_pow2(head_dim)),
+        KV_ALIGN=head_dim & -head_dim,
+        BLOCK_Q=tiles.block_q,
+        BLOCK_N=block_n,
+        SLIDING_WINDOW=sliding_window,
+        DOT_DTYPE=dot_dtype,
+        PRECISION="ieee" if compute_dtype == torch.float32 else "tf32",
+        num_warps=4,
+        num_stages=2,
+    )
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
