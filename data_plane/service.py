@@ -172,9 +172,9 @@ class Worker:
             await self._xadd(msg.reply_stream, encode(error), streams.MAXLEN_OUTPUTS)
             return
         self._reply[msg.request_id] = (msg.reply_stream, 0)
-        self._lifecycle.append(
-            (msg.request_id, {"worker_id": self.settings.worker_id, "admitted_s": time.time()})
-        )
+        fields = {"worker_id": self.settings.worker_id, "admitted_s": time.time()}
+        fields |= {"arrival_s": msg.t_arr_s, "slo_class": msg.slo_class or ""}
+        self._lifecycle.append((msg.request_id, fields))
         log.info(
             "request_admitted",
             request_id=msg.request_id,

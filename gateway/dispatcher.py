@@ -83,21 +83,15 @@ class Dispatcher:
         handle.done = True
         self.handles.pop(handle.request_id, None)
 
-    async def submit(
-        self, worker_id: str, request: SubmitRequest, lifecycle: dict[str, str | float]
-    ) -> None:
-        """The request to the worker's stream and its first lifecycle fields, one round trip."""
-        key = streams.request_lifecycle_key(request.request_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(
-                streams.worker_requests_stream(worker_id),
-                {"m": encode(request)},
-                maxlen=streams.MAXLEN_REQUESTS,
-                approximate=True,
-            )
-            pipe.hset(key, mapping=lifecycle)  # type: ignore[arg-type]
-            pipe.expire(key, streams.LIFECYCLE_TTL_S)
-            await pipe.execute()
+    async def submit(self, worker_id: str, request: SubmitRequest) -> None:
+        """The request to the worker's stream (the worker records its arrival and admission
+        in the lifecycle hash; nothing else sits on this path)."""
+        await self.redis.xadd(
+            streams.worker_requests_stream(worker_id),
+            {"m": encode(request)},
+            maxlen=streams.MAXLEN_REQUESTS,
+            approximate=True,
+        )
 
     async def abort(self, handle: RequestHandle) -> None:
         """Tell the worker to drop the request (frees its blocks in every tier)."""

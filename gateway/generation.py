@@ -192,14 +192,8 @@ class GenerationService:
             slo_tbt_s=params.slo.tbt_s,
         )
         self.directory.enqueue(status.worker_id, num_prompt_tokens)  # before any await
-        lifecycle: dict[str, str | float] = {
-            "arrival_s": generation.timeline.t_arr_s,
-            "worker_id": status.worker_id,
-            "gateway_id": self.dispatcher.gateway_id,
-            "slo_class": params.slo.name,
-        }
         try:
-            await self.dispatcher.submit(status.worker_id, submit, lifecycle)
+            await self.dispatcher.submit(status.worker_id, submit)
         except RedisError as exc:
             self.dispatcher.release(handle)
             self.directory.dequeue(status.worker_id, num_prompt_tokens)
@@ -238,6 +232,7 @@ class GenerationService:
             slo.tbt_s,
         )
         fields: dict[str, str | float | int] = {"gateway_finished_s": now, "gateway_finish": reason}
+        fields["gateway_id"] = self.dispatcher.gateway_id
         if timeline.t_first_s is not None:
             fields["first_token_s"] = timeline.t_first_s
         self._record(generation.request_id, **fields)
@@ -272,7 +267,7 @@ class GenerationService:
         self.directory.enqueue(status.worker_id, handle.num_prompt_tokens)
         handle.worker_id, handle.worker_epoch = status.worker_id, status.epoch
         handle.t_worker_seen_s = status.t_heartbeat_s
-        await self.dispatcher.submit(status.worker_id, submit, {"worker_id": status.worker_id})
+        await self.dispatcher.submit(status.worker_id, submit)
         log.warning("request_resubmitted", request_id=handle.request_id, worker_id=status.worker_id)
         return True
 

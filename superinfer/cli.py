@@ -87,17 +87,16 @@ def _run_service(
 ) -> int:
     """Settings from the environment (SUPERINFER_*) overridden by the flags given; JSON logs;
     run until SIGINT/SIGTERM."""
-    import asyncio
 
     from shared.logs import configure_logging
-    from shared.runtime import run_until_signalled
+    from shared.runtime import run_service
 
     overrides = {
         k: v for k, v in vars(args).items() if k in settings_cls.model_fields and v is not None
     }
     settings = settings_cls(**overrides)
     configure_logging()
-    asyncio.run(run_until_signalled(lambda stop: serve(settings, stop)))
+    run_service(lambda stop: serve(settings, stop))
     return 0
 
 

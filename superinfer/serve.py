@@ -46,7 +46,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from gateway.main import serve as serve_gateway
     from gateway.settings import GatewaySettings
     from shared.logs import configure_logging
-    from shared.runtime import run_until_signalled
+    from shared.runtime import run_service
 
     configure_logging()
     with contextlib.ExitStack() as stack:
@@ -80,7 +80,7 @@ def run_serve(args: argparse.Namespace) -> int:
             finally:
                 watcher.cancel()
 
-        asyncio.run(run_until_signalled(main))
+        run_service(main)
         return 1 if any(child.poll() is not None for child in children) else 0
 
 
