@@ -164,7 +164,7 @@ class Engine:
 
     def snapshot(self, now: float) -> Snapshot:
         views = [self._view(r) for r in self.running]
-        views += [self._view(r) for r in self.waiting]
+        views += [self._waiting_view(r) for r in self.waiting]
         views += [self._view(r) for r in self.rotary]
         return Snapshot(
             t_now_s=now,
@@ -177,6 +177,20 @@ class Engine:
             b_xfer_blocks=self.kv.b_xfer_available,
             iteration=self.stats.num_iterations,
         )
+
+    def _waiting_view(self, r: Request) -> RequestView:
+        """A waiting request holds no blocks and changes nothing until it runs, so its view
+        is built once (in overload thousands wait, and the snapshot is taken every iteration)."""
+        view = r.waiting_view
+        if (
+            view is None
+            or view.state is not r.state
+            or view.num_tokens != r.num_tokens
+            or view.t_run_s != r.t_run_s
+        ):
+            view = self._view(r)
+            r.waiting_view = view if view.num_blocks_hbm == view.num_blocks_dram == 0 else None
+        return view
 
     def _view(self, r: Request) -> RequestView:
         table = self.kv.table(r.request_id)

@@ -21,18 +21,21 @@ class BlockTable:
     num_pending_h2d: int = 0  # blocks still being copied back; not resident until 0
     num_pending_evict: int = 0  # rotate-out copies still in flight
     num_sync_checked: int = 0  # leading full blocks already considered for eager sync
-
-    @property
-    def num_hbm(self) -> int:
-        return len(self.hbm_ids) - self.hbm_ids.count(None)
+    # Blocks present in each tier, kept by the managers as they fill or clear slots (the
+    # snapshot reads them for every request every iteration).
+    num_hbm: int = 0
+    num_dram: int = 0
 
     @property
     def num_synced(self) -> int:
         return self.sync.count(SYNCED)
 
-    @property
-    def num_dram(self) -> int:
-        return len(self.dram_ids) - self.dram_ids.count(None)
+    def recount(self) -> tuple[int, int]:
+        """(HBM, DRAM) blocks counted from the id lists (tests check the counters with it)."""
+        return (
+            len(self.hbm_ids) - self.hbm_ids.count(None),
+            len(self.dram_ids) - self.dram_ids.count(None),
+        )
 
 
 class KVCacheManager:
@@ -70,6 +73,7 @@ class KVCacheManager:
             return None
         if missing > 0:
             table.hbm_ids.extend(self.hbm.allocate(missing))
+            table.num_hbm += missing
             table.dram_ids.extend([None] * missing)
             table.sync.extend([UNSYNCED] * missing)
         for index in range(num_computed // self.block_size, len(table.hbm_ids)):

@@ -130,6 +130,7 @@ class TieredKVCacheManager(KVCacheManager):
                 return False
             dram_id = self.dram.allocate(1)[0]
             table.dram_ids[index] = dram_id
+            table.num_dram += 1
         hbm_id = table.hbm_ids[index]
         assert hbm_id is not None
         table.sync[index] = PENDING
@@ -185,6 +186,7 @@ class TieredKVCacheManager(KVCacheManager):
             dram_id = table.dram_ids[index]
             assert dram_id is not None and table.sync[index] == SYNCED
             table.hbm_ids[index] = hbm_id
+            table.num_hbm += 1
             self._urgent.append(_Move(LOAD, request_id, index, hbm_id, dram_id, table))
         table.num_pending_h2d = len(missing)
         return True
@@ -206,6 +208,7 @@ class TieredKVCacheManager(KVCacheManager):
         hbm_id = table.hbm_ids[index]
         if hbm_id is not None:
             table.hbm_ids[index] = None
+            table.num_hbm -= 1
             self._release(hbm_id, self.hbm, self._busy_hbm, self._deferred_hbm)
 
     @staticmethod

@@ -96,6 +96,8 @@ def _rotating_run(loaded, seed: int, p_out: float, p_hold: float, b_xfer: int):
             break
         for output in engine.step():
             tokens[output.request_id].extend(output.new_token_ids)
+        for table in engine.kv.tables.values():  # the block counters the snapshot reads
+            assert (table.num_hbm, table.num_dram) == table.recount()
     else:
         raise AssertionError(f"no progress: {engine.stats}")
     engine.kv.drain()
