@@ -84,7 +84,11 @@ async def _apply_config_with_retry(
 
 
 async def serve(settings: ControlPlaneSettings, stop: asyncio.Event) -> None:
-    redis = Redis.from_url(settings.redis_url)
+    redis = Redis.from_url(  # a Redis that hangs (not just dies) times out and is retried
+        settings.redis_url,
+        socket_timeout=settings.redis_timeout_s,
+        socket_connect_timeout=settings.redis_timeout_s,
+    )
     control = ControlPlane(settings, redis)
     registry = CollectorRegistry()
     registry.register(ControlPlaneCollector(control))

@@ -23,3 +23,4 @@ class ControlPlaneSettings(BaseSettings):
     knobs: dict[str, Any] | None = None
     slo_classes: dict[str, Any] | None = None
     config_overwrite: bool = False
+    redis_timeout_s: float = 5.0  # every Redis call (longer than any blocking read's block time)

@@ -149,7 +149,11 @@ async def _wait_for_redis(redis: Redis, stop: asyncio.Event) -> None:
 async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
     """Health endpoint first (liveness answers while the model loads in a thread), then the
     worker; on ``stop`` it drains (see :func:`_run_and_drain`)."""
-    redis = Redis.from_url(settings.redis_url)
+    redis = Redis.from_url(  # a Redis that hangs (not just dies) times out and is retried
+        settings.redis_url,
+        socket_timeout=settings.redis_timeout_s,
+        socket_connect_timeout=settings.redis_timeout_s,
+    )
     state = WorkerState(settings.worker_id)
     registry = CollectorRegistry()
     registry.register(WorkerCollector(state))

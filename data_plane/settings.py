@@ -31,3 +31,4 @@ class WorkerSettings(BaseSettings):
     health_port: int | None = None  # /health, /ready, /metrics on this port; None or 0: off
     health_host: str = "0.0.0.0"
     drain_timeout_s: float = 30.0  # on SIGTERM: finish the requests it owns for up to this long
+    redis_timeout_s: float = 5.0  # every Redis call (longer than any blocking read's block time)
