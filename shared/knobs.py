@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 from shared.policy import POLICY_NAMES, Knobs
 from shared.streams import KNOBS_KEY
 
-_FLOAT_FIELDS = {"alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s"}
+_FLOAT_FIELDS = {"alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s", "min_residency_s"}
 
 
 def knobs_from_mapping(raw: dict[str, Any], base: Knobs | None = None) -> Knobs:

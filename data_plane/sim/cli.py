@@ -37,6 +37,12 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=int, default=0)
     add("--alpha", type=float, default=_DEFAULTS.alpha)
     add("--beta-b", type=float, default=_DEFAULTS.beta_b)
+    add(
+        "--min-residency",
+        type=float,
+        default=_DEFAULTS.min_residency_s,
+        help="LVF extension: seconds a (re)started request is spared by the tail scan (0: off)",
+    )
     add("--beta-f", type=float, default=_DEFAULTS.beta_f)
     add("--ttft-slo", type=float, default=_DEFAULTS.slo_ttft_s, help="S_F seconds")
     add("--tbt-slo", type=float, default=_DEFAULTS.slo_tbt_s, help="S_B seconds")
@@ -90,6 +96,7 @@ def build_jobs(args: argparse.Namespace) -> tuple[list[SweepJob], dict[str, Any]
         alpha=args.alpha,
         beta_b=args.beta_b,
         beta_f=args.beta_f,
+        min_residency_s=args.min_residency,
         slo_ttft_s=args.ttft_slo,
         slo_tbt_s=args.tbt_slo,
     )
@@ -133,6 +140,7 @@ def _config(
         "alpha",
         "beta_b",
         "beta_f",
+        "min_residency",
         "ttft_slo",
         "tbt_slo",
         "transfer",

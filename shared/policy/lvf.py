@@ -176,7 +176,8 @@ def _rotate_out_tail(
             break
         view = running[i]
         held = view.num_blocks_hbm
-        if held <= 0 or not view.resident or (shortage <= 0 and not _served(view)):
+        settled = _served(view) and scores[i] < -knobs.min_residency_s
+        if held <= 0 or not view.resident or (shortage <= 0 and not settled):
             continue
         dram_needed = held - view.num_blocks_dram
         if dram_needed <= free_dram:

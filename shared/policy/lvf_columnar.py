@@ -56,7 +56,8 @@ def lvf_columnar(snapshot: ColumnarSnapshot, knobs: Knobs, with_schedule: bool =
         chosen, b_left = _head_scan(snapshot, candidates, scores, blk, b_hbm + b_xfer, seats)
         leaving = (_EMPTY, _EMPTY)
         if b_xfer - b_left > 0:
-            leaving = _rotate_out_tail(snapshot, running, scores, b_xfer - b_left, -b_hbm)
+            b_swap = b_xfer - b_left
+            leaving = _rotate_out_tail(snapshot, running, scores, b_swap, -b_hbm, knobs)
     _join_and_pack(snapshot, running, chosen, blk, leaving, plan, b_hbm, with_schedule)
     return plan
 
@@ -118,7 +119,12 @@ def _in_scan_order(columns: RequestColumns, indices: Ints, scores: np.ndarray, h
 
 
 def _rotate_out_tail(
-    snapshot: ColumnarSnapshot, running: Ints, scores: np.ndarray, b_swap: int, shortage: int
+    snapshot: ColumnarSnapshot,
+    running: Ints,
+    scores: np.ndarray,
+    b_swap: int,
+    shortage: int,
+    knobs: Knobs,
 ) -> tuple[Ints, Ints]:
     """Step 4 (``shared.policy.lvf._rotate_out_tail``): from the tail of L (VLT ascending,
     later arrival first) while VLT < 0 and B_swap > 0. Returns (rotated out, preempted)."""
@@ -130,7 +136,8 @@ def _rotate_out_tail(
     held = columns.num_blocks_hbm[running]
     expected = 2 * b_swap * len(held) // max(1, int(held.sum()))  # victims, on average x2
     for segment in _segments_of_l(columns, running, scores, False, max(_SEGMENT, expected)):
-        taken, num_blocks = _tail_victims(columns, segment, b_swap, shortage)
+        settled = scores[segment] < -knobs.min_residency_s
+        taken, num_blocks = _tail_victims(columns, segment, b_swap, shortage, settled)
         victims.append(taken)
         b_swap, shortage = b_swap - num_blocks, shortage - num_blocks
         if b_swap <= 0:
@@ -139,7 +146,7 @@ def _rotate_out_tail(
 
 
 def _tail_victims(
-    columns: RequestColumns, order: Ints, b_swap: int, shortage: int
+    columns: RequestColumns, order: Ints, b_swap: int, shortage: int, settled: np.ndarray
 ) -> tuple[Ints, int]:
     """The victims among ``order`` (in scan order) and their blocks. Each takes its blocks
     off both B_swap and the shortage, so they are a prefix of the scan while the shortage
@@ -153,7 +160,7 @@ def _tail_victims(
     used = int(held[:num_forced].sum())
     if used < b_swap and num_forced < len(order):
         t_last, t_run = columns.t_last_s[order], columns.t_run_s[order]
-        served = ~np.isnan(t_last) & (np.isnan(t_run) | (t_last >= t_run))
+        served = ~np.isnan(t_last) & (np.isnan(t_run) | (t_last >= t_run)) & settled
         served[:num_forced] = False
         rest, rest_held = order[served], held[served]
         count = int(np.searchsorted(used + np.cumsum(rest_held) - rest_held, b_swap, "left"))

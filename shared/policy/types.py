@@ -70,12 +70,18 @@ class Knobs:
     slo_ttft_s: float = 5.0
     slo_tbt_s: float = 0.1
     b_xfer: int | None = 2400  # None means "auto": link bandwidth x predicted iteration time
+    # An extension, off by default (0 = SUPERINFER.md §4 exactly): LVF's tail scan passes over
+    # running requests that (re)entered running less than this long ago, unless HBM is short
+    # for the running requests' own growth. Damps rotate-out / resume churn (docs/benchmarks.md).
+    min_residency_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {self.alpha}")
         if self.slo_ttft_s <= 0 or self.slo_tbt_s <= 0:
             raise ValueError("slo_ttft_s and slo_tbt_s must be > 0")
+        if not self.min_residency_s >= 0:
+            raise ValueError(f"min_residency_s must be >= 0, got {self.min_residency_s}")
         if self.b_xfer is not None and self.b_xfer < 0:
             raise ValueError(f"b_xfer must be >= 0 or auto, got {self.b_xfer}")
 

@@ -73,6 +73,7 @@ def random_snapshot(seed: int) -> tuple[Snapshot, Knobs]:
         beta_f=rng.choice((0.0, 0.5, rng.uniform(0, 2))),
         slo_ttft_s=rng.uniform(0.5, 10),
         slo_tbt_s=rng.uniform(0.01, 1),
+        min_residency_s=rng.choice((0.0, 0.0, rng.uniform(0, 3))),
     )
     return snapshot, knobs
 

@@ -317,3 +317,19 @@ def test_make_chunk_equals_the_dataclass() -> None:
     assert chunk == ScheduledChunk("a", 3) and hash(chunk) == hash(ScheduledChunk("a", 3))
     with pytest.raises(AttributeError):
         chunk.num_tokens = 4  # type: ignore[misc]
+
+
+def test_min_residency_spares_recently_resumed_requests() -> None:
+    """The extension knob (off by default): the tail scan passes over running requests that
+    (re)entered running less than min_residency_s ago, and takes the older ones."""
+    now = 100.0
+    old = RequestView("old", RequestState.RUNNING, 0.0, 40, 40, 10, 0, t_run_s=now - 10,
+                      t_last_s=now - 0.01)  # fmt: skip
+    fresh = RequestView("fresh", RequestState.RUNNING, 1.0, 40, 40, 10, 0, t_run_s=now - 0.3,
+                        t_last_s=now - 0.01)  # fmt: skip
+    waiting = RequestView("w", RequestState.WAITING, now - 30, 200)
+    snapshot = Snapshot(now, (old, fresh, waiting), 0, 100, 4, 64, 8, b_xfer_blocks=60)
+    spared = make_plan(snapshot, Knobs(policy="lvf", min_residency_s=1.0))
+    paper = make_plan(snapshot, Knobs(policy="lvf"))
+    assert spared.rotate_out_ids == ["old"]
+    assert paper.rotate_out_ids == ["old", "fresh"]

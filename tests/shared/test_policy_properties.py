@@ -99,6 +99,7 @@ knobs_strategy = st.builds(
     beta_f=st.floats(0.0, 2.0),
     slo_ttft_s=st.floats(0.5, 10.0),
     slo_tbt_s=st.floats(0.01, 1.0),
+    min_residency_s=st.sampled_from([0.0, 0.0, 0.05, 0.5, 5.0]),
 )
 
 
