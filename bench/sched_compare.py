@@ -47,6 +47,7 @@ AZURE_CODE = "AzureLLMInferenceTrace_code_2023.csv"
 PROFILES = ("h200-llama3-8b", "gh200-llama3-8b")
 POLICIES = ("vllm", "vllm-priority", "swap", "edf", "lvf")
 B_XFER_SWEEP = (300, 1200, 2400, 4800)
+RESIDENCY_SWEEP = (0.25, 0.5, 1.0)  # seconds; 0 is the paper's LVF (the main rows)
 HORIZON_FACTOR = 3.0
 
 
@@ -73,6 +74,7 @@ def _job(
     policy: str,
     args: argparse.Namespace,
     label: str = "",
+    knobs: Knobs | None = None,
     **setup_changes: Any,
 ) -> SweepJob:
     fields: dict[str, Any] = {"b_xfer": "auto", **setup_changes}
@@ -82,7 +84,7 @@ def _job(
         rps,
         args.duration,
         policy,
-        Knobs(),
+        knobs or Knobs(),
         setup,
         seed=args.seed,
         label=label or policy,
@@ -123,6 +125,10 @@ def second_jobs(args: argparse.Namespace, rate_gh: float, rate_h: float) -> list
             ("no-sync", {"eager_sync": False}),
         ):
             jobs.append(_job(share, profile, rps, "lvf", args, f"{gpu} lvf {label}", **changes))
+        for residency_s in RESIDENCY_SWEEP:  # the extension knob (SUPERINFER.md's LVF: 0)
+            knobs = Knobs(min_residency_s=residency_s)
+            name = f"{gpu} lvf min_residency={residency_s:g}"
+            jobs.append(_job(share, profile, rps, "lvf", args, name, knobs))
     sweep = B_XFER_SWEEP[1:2] if args.quick else B_XFER_SWEEP
     jobs += [
         _job(share, "gh200-llama3-8b", rate_gh, "lvf", args, f"gh200 lvf B_xfer={b}", b_xfer=b)
@@ -177,6 +183,27 @@ def gain(rows: list[tuple[SweepJob, dict[str, Any]]], profile: str) -> dict[str,
         "lvf_ttft": lv["ttft_attainment"],
         "tbt_delta_pts": 100 * (lv["tbt_attainment"] - v["tbt_attainment"]),
         "tput_ratio": lv["output_tokens_per_s"] / max(v["output_tokens_per_s"], 1e-9),
+    }
+
+
+def variant_vs_vllm(
+    rows: list[tuple[SweepJob, dict[str, Any]]],
+    extra: list[tuple[SweepJob, dict[str, Any]]],
+    name: str,
+    profile: str,
+) -> dict[str, float]:
+    """The extra row ``name`` against vllm's main row at the same rate (ShareGPT)."""
+    job, row = next((j, r) for j, r in extra if j.name == name)
+    base = next(
+        r
+        for j, r in rows
+        if j.label == "vllm" and j.rps == job.rps and j.setup.profile.name == profile
+        and j.trace.endswith(SHAREGPT)
+    )  # fmt: skip
+    return {
+        "gain_pts": 100 * (row["ttft_attainment"] - base["ttft_attainment"]),
+        "tbt_delta_pts": 100 * (row["tbt_attainment"] - base["tbt_attainment"]),
+        "tput_ratio": row["output_tokens_per_s"] / max(base["output_tokens_per_s"], 1e-9),
     }
 
 
@@ -260,6 +287,8 @@ def _report(args: argparse.Namespace, rows: list, extra: list, wall_s: float) ->
     print_rows("ablation and B_xfer sweep (ShareGPT, key rate)", extra)
     pairs = [(j, r) for j, r, _ in rows]
     gh, h = gain(pairs, "gh200-llama3-8b"), gain(pairs, "h200-llama3-8b")
+    extra_pairs = [(j, r) for j, r, _ in extra]
+    res = variant_vs_vllm(pairs, extra_pairs, "gh200 lvf min_residency=0.25", "gh200-llama3-8b")
     out = {
         "config": {
             "duration_s": args.duration,
@@ -272,7 +301,7 @@ def _report(args: argparse.Namespace, rows: list, extra: list, wall_s: float) ->
         },
         "results": [r for _, r, _ in rows + extra],
         "details": [d for _, _, d in rows + extra],
-        "summary": {"gh200": gh, "h200": h},
+        "summary": {"gh200": gh, "h200": h, "gh200_min_residency_0.25": res},
     }
     (args.out / "sched_compare.json").write_text(json.dumps(out, indent=2) + "\n")
     _plots(args.out, rows)
@@ -281,7 +310,8 @@ def _report(args: argparse.Namespace, rows: list, extra: list, wall_s: float) ->
         f"RESULT sched_compare gh200_best_gain_pts={gh['gain_pts']:.1f} at_rps={gh['at_rps']:g}"
         f" vllm_ttft={gh['vllm_ttft']:.3f} lvf_ttft={gh['lvf_ttft']:.3f}"
         f" tbt_delta_pts={gh['tbt_delta_pts']:.1f} tput_ratio={gh['tput_ratio']:.3f}"
-        f" h200_gain_pts={h['gain_pts']:.1f}"
+        f" h200_gain_pts={h['gain_pts']:.1f} res_gain_pts={res['gain_pts']:.1f}"
+        f" res_tbt_delta_pts={res['tbt_delta_pts']:.1f} res_tput_ratio={res['tput_ratio']:.3f}"
     )
 
 
