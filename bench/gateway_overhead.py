@@ -101,6 +101,8 @@ async def _gateway_ttft_s(client: httpx.AsyncClient) -> float:
     t_start = time.perf_counter()
     ttft_s = None
     async with client.stream("POST", "/v1/completions", json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"{response.status_code}: {(await response.aread())[:300]!r}")
         async for line in response.aiter_lines():
             if ttft_s is None and line.startswith("data: {"):
                 ttft_s = time.perf_counter() - t_start

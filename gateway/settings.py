@@ -35,7 +35,7 @@ class GatewaySettings(BaseSettings):
     max_buffered_outputs: int = 4096  # per request; a client that falls further behind fails
     # Timeouts and liveness.
     token_timeout_s: float = 60.0  # longest wait for the next output of an admitted request
-    worker_alive_s: float = 2.0  # a worker is routable while its heartbeat is this fresh
+    worker_alive_s: float = 5.0  # a worker is routable while its heartbeat is this fresh
     worker_dead_s: float = 3.0  # its in-flight requests move or fail after this much silence
     directory_refresh_s: float = 0.25
     output_block_ms: int = 500
