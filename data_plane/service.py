@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -19,7 +20,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from data_plane.engine.engine import Engine
-from data_plane.engine.request import RequestError, RequestOutput
+from data_plane.engine.request import FinishReason, RequestError, RequestOutput
 from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.tiered import TieredKVCacheManager
 from data_plane.planner import HybridPlanner
@@ -43,6 +44,7 @@ from shared.runtime import loop_with_backoff
 from shared.tokenizer import served_model_name
 
 log = structlog.get_logger(__name__)
+MAX_FAILED_STEPS = 3  # consecutive engine steps that raised before every request is failed
 
 
 class Worker:
@@ -74,12 +76,22 @@ class Worker:
         self.draining = False
         self.num_iterations = 0
         self.num_malformed = 0
+        self._num_failed_steps = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._ensure_group()
-        await self._read_requests(pending=True)
+        await self._read_pending()
         log.info("worker_started", worker_id=self.settings.worker_id, epoch=self.epoch)
-        await loop_with_backoff(self._iterate, stop, self._after_redis_error)
+        self._status_cache = self._status(time.time())
+        # Heartbeats run beside the loop: a long engine step (it runs in a thread) must not
+        # make gateways think this worker died.
+        beat = asyncio.create_task(loop_with_backoff(self._heartbeat, stop))
+        try:
+            await loop_with_backoff(self._iterate, stop, self._after_redis_error)
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
         with contextlib.suppress(RedisError):
             await self.redis.hdel(streams.WORKERS_KEY, self.settings.worker_id)
         log.info("worker_stopped", worker_id=self.settings.worker_id)
@@ -92,11 +104,16 @@ class Worker:
         busy = self.engine.has_unfinished()
         await self._read_requests(block_ms=None if busy else self.settings.idle_block_ms)
         await self._read_plans()
-        await self._heartbeat()
+        self._refresh_status()
         if not self.engine.has_unfinished():
             return
         t_start = time.perf_counter()
-        outputs = await asyncio.to_thread(self.engine.step)
+        try:
+            outputs = await asyncio.to_thread(self.engine.step)
+        except Exception as exc:  # a bug: never loop on it with requests hanging
+            await self._fail_all(exc)
+            raise
+        self._num_failed_steps = 0
         self.num_iterations += 1
         iteration_time_s = time.perf_counter() - t_start
         self._busy_time_s += iteration_time_s
@@ -112,19 +129,39 @@ class Worker:
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    async def _read_requests(self, block_ms: int | None = None, pending: bool = False) -> None:
+    async def _read_pending(self) -> None:
+        """Every entry an earlier incarnation read but did not acknowledge, oldest first."""
+        after: Any = "0"
+        while True:
+            response: Any = await self.redis.xreadgroup(
+                streams.WORKER_GROUP,
+                self.settings.worker_id,
+                {self.requests_stream: after},
+                count=self.settings.read_batch,
+            )
+            entries = [e for _, stream_entries in response or [] for e in stream_entries]
+            if not entries:
+                return
+            for entry_id, fields in entries:
+                await self._accept(entry_id, fields or {})  # {}: deleted since (XDEL)
+            after = entries[-1][0]
+
+    async def _read_requests(self, block_ms: int | None = None) -> None:
         response: Any = await self.redis.xreadgroup(
             streams.WORKER_GROUP,
             self.settings.worker_id,
-            {self.requests_stream: "0" if pending else ">"},
+            {self.requests_stream: ">"},
             count=self.settings.read_batch,
             block=block_ms,
         )
         for _, entries in response or []:
             for entry_id, fields in entries:
-                await self._accept(entry_id, fields)
+                await self._accept(entry_id, fields or {})
 
     async def _accept(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+        if not fields:  # deleted while pending (a gateway moved the request elsewhere)
+            await self.redis.xack(self.requests_stream, streams.WORKER_GROUP, entry_id)
+            return
         try:
             msg: object = decode(fields.get(b"m", b""))
         except ProtocolError as exc:
@@ -190,17 +227,47 @@ class Worker:
             elif self.planner.offer(plan) and isinstance(self.engine.kv, TieredKVCacheManager):
                 self.engine.kv.b_xfer_blocks = max(1, plan.b_xfer_blocks)
 
-    async def _heartbeat(self) -> None:
-        now = time.time()
-        if now - self._last_heartbeat_s < self.settings.heartbeat_interval_s:
+    async def _fail_all(self, exc: Exception) -> None:
+        """After MAX_FAILED_STEPS engine steps in a row raised, end every request this worker
+        owns with an error (clients get a clear 500, not a hang); the engine starts clean."""
+        self._num_failed_steps += 1
+        if self._num_failed_steps < MAX_FAILED_STEPS:
             return
-        self._last_heartbeat_s = now
-        status = encode(self._status(now))
+        log.error("engine_failing_all_requests", error=repr(exc), num_requests=len(self._reply))
+        reason = f"engine error: {exc!r}"
+        outputs = []
+        for request_id in list(self._reply):
+            try:
+                self.engine.abort(request_id)
+            except Exception:  # the failed step may have left it half moved
+                log.exception("abort_after_engine_error_failed", request_id=request_id)
+            outputs.append(RequestOutput(request_id, [], 0, FinishReason.ERROR, error=reason))
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(streams.WORKERS_KEY, self.settings.worker_id, status)
+            self._queue_outputs(pipe, outputs)
+            await pipe.execute()
+        self._num_failed_steps = 0
+
+    def _refresh_status(self) -> None:
+        """Rebuild the cached status between steps (never while the engine thread runs)."""
+        now = time.time()
+        if now - self._last_heartbeat_s >= self.settings.heartbeat_interval_s:
+            self._last_heartbeat_s = now
+            self._status_cache = self._status(now)
+
+    async def _heartbeat(self) -> None:
+        """Publish the latest status (with a fresh time) and pending lifecycle fields; reload
+        the knobs when their version changed."""
+        await asyncio.sleep(self.settings.heartbeat_interval_s)
+        status = replace(self._status_cache, t_heartbeat_s=time.time(), accepting=not self.draining)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(streams.WORKERS_KEY, self.settings.worker_id, encode(status))
             self._queue_lifecycle(pipe)
             await pipe.execute()
-        knobs, version = await read_knobs(self.redis)
+        try:
+            knobs, version = await read_knobs(self.redis)
+        except ValueError as exc:  # written around the validating path: keep ours
+            log.error("invalid_knobs_in_redis", error=str(exc))
+            return
         if version != self._knobs_version and version > 0:
             self.planner.knobs = knobs
             self._knobs_version = version

@@ -9,10 +9,11 @@ from typing import Any
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import admin, openai_routes
-from gateway.errors import APIError, error_body, install_error_handlers
+from gateway.errors import error_body, install_error_handlers
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 
@@ -85,7 +86,8 @@ class _BodyLimit:
             if message["type"] == "http.request":
                 num_received += len(message.get("body", b""))
                 if num_received > self.max_body_bytes:
-                    raise APIError(413, f"request body over {self.max_body_bytes} bytes")
+                    detail = f"request body over {self.max_body_bytes} bytes"
+                    raise HTTPException(413, detail)  # FastAPI re-raises it (not an APIError)
             return message
 
         await self.app(scope, limited, send)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -29,6 +29,11 @@ class RequestHandle:
     worker_id: str
     num_prompt_tokens: int
     outputs: asyncio.Queue[TokenOutput]
+    # The id the worker knows it by: the request id, with ".rN" appended when the request was
+    # moved to another worker (outputs of an earlier attempt then find no handle).
+    wire_id: str = ""
+    entry_id: bytes | str | None = None  # its entry in the worker's request stream
+    num_attempts: int = 1
     num_received: int = 0  # output tokens received so far (the next expected index)
     overflowed: bool = False
     failure: APIError | None = None  # set by the gateway (e.g. the worker died)
@@ -68,7 +73,7 @@ class Dispatcher:
 
     def open(self, request_id: str, worker_id: str, num_prompt_tokens: int) -> RequestHandle:
         handle = RequestHandle(
-            request_id, worker_id, num_prompt_tokens, asyncio.Queue(self.max_buffered)
+            request_id, worker_id, num_prompt_tokens, asyncio.Queue(self.max_buffered), request_id
         )
         self.handles[request_id] = handle
         return handle
@@ -81,23 +86,47 @@ class Dispatcher:
 
     def release(self, handle: RequestHandle) -> None:
         handle.done = True
-        self.handles.pop(handle.request_id, None)
+        self.handles.pop(handle.wire_id, None)
 
-    async def submit(self, worker_id: str, request: SubmitRequest) -> None:
+    async def submit(self, handle: RequestHandle, request: SubmitRequest) -> None:
         """The request to the worker's stream (the worker records its arrival and admission
         in the lifecycle hash; nothing else sits on this path)."""
-        await self.redis.xadd(
-            streams.worker_requests_stream(worker_id),
+        handle.entry_id = await self.redis.xadd(
+            streams.worker_requests_stream(handle.worker_id),
             {"m": encode(request)},
             maxlen=streams.MAXLEN_REQUESTS,
             approximate=True,
         )
 
+    async def move(self, handle: RequestHandle, request: SubmitRequest, worker_id: str) -> None:
+        """Resubmit ``handle``'s request to ``worker_id`` under a new wire id, after deleting
+        its entry from the old worker's stream and telling the old worker to abort it, so a
+        late or restarted old worker neither runs it again nor mixes in its tokens."""
+        old_stream = streams.worker_requests_stream(handle.worker_id)
+        handle.num_attempts += 1
+        wire_id = f"{handle.request_id}.r{handle.num_attempts}"
+        async with self.redis.pipeline(transaction=False) as pipe:
+            if handle.entry_id is not None:
+                pipe.xdel(old_stream, handle.entry_id)
+            pipe.xadd(old_stream, {"m": encode(AbortRequest(handle.wire_id))})
+            pipe.xadd(
+                streams.worker_requests_stream(worker_id),
+                {"m": encode(replace(request, request_id=wire_id))},
+                maxlen=streams.MAXLEN_REQUESTS,
+                approximate=True,
+            )
+            results = await pipe.execute()
+        self.handles.pop(handle.wire_id, None)
+        handle.wire_id, handle.worker_id, handle.entry_id = wire_id, worker_id, results[-1]
+        handle.num_received = 0
+        if not handle.done:
+            self.handles[wire_id] = handle
+
     async def abort(self, handle: RequestHandle) -> None:
         """Tell the worker to drop the request (frees its blocks in every tier)."""
         await self.redis.xadd(
             streams.worker_requests_stream(handle.worker_id),
-            {"m": encode(AbortRequest(handle.request_id))},
+            {"m": encode(AbortRequest(handle.wire_id))},
             maxlen=streams.MAXLEN_REQUESTS,
             approximate=True,
         )
@@ -126,7 +155,7 @@ class Dispatcher:
             if skip >= len(msg.token_ids) and msg.finish_reason is None:
                 return
             msg = TokenOutput(
-                msg.request_id,
+                handle.request_id,
                 handle.num_received,
                 msg.token_ids[skip:],
                 msg.finish_reason,

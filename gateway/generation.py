@@ -115,8 +115,9 @@ class Generation:
             raise APIError(503, "client is reading too slowly; request dropped", code="overflow")
         if handle.lost_output:
             raise APIError(502, "output from the worker was lost", code="lost_output")
-        if msg.error:
-            raise APIError(400 if msg.index == 0 else 500, msg.error, code="worker_error")
+        if msg.error:  # a rejected request (400) or the worker's own failure (500)
+            failed = msg.index > 0 or msg.error.startswith("engine error")
+            raise APIError(500 if failed else 400, msg.error, code="worker_error")
         return msg
 
     def _apply(self, msg: TokenOutput) -> Delta:
@@ -193,7 +194,7 @@ class GenerationService:
         )
         self.directory.enqueue(status.worker_id, num_prompt_tokens)  # before any await
         try:
-            await self.dispatcher.submit(status.worker_id, submit)
+            await self.dispatcher.submit(handle, submit)
         except RedisError as exc:
             self.dispatcher.release(handle)
             self.directory.dequeue(status.worker_id, num_prompt_tokens)
@@ -244,14 +245,20 @@ class GenerationService:
         now = time.time()
         dead_s = self.settings.worker_dead_s
         for handle in list(self.dispatcher.handles.values()):
+            if handle.done:  # finished while an earlier handle was being moved
+                continue
             status = self.directory.statuses.get(handle.worker_id)
             if status is not None and status.epoch == handle.worker_epoch:
                 handle.t_worker_seen_s = max(handle.t_worker_seen_s, status.t_heartbeat_s)
             restarted = status is not None and status.epoch != handle.worker_epoch
             if not restarted and now - handle.t_worker_seen_s <= dead_s:
                 continue
-            if handle.submit is not None and await self._resubmit(handle):
-                continue
+            if handle.submit is not None and handle.num_received == 0:
+                try:
+                    if await self._resubmit(handle):
+                        continue
+                except RedisError as exc:
+                    log.error("resubmit_failed", request_id=handle.request_id, error=str(exc))
             reason = "restarted" if restarted else f"sent no heartbeat for {dead_s:g} s"
             message = f"worker {handle.worker_id} {reason}; the request was lost"
             log.error("request_lost_with_worker", request_id=handle.request_id, reason=reason)
@@ -263,12 +270,14 @@ class GenerationService:
         if submit is None or not candidates:
             return False
         status = min(candidates, key=self.directory.predicted_lag_s)
+        await self.dispatcher.move(handle, submit, status.worker_id)
+        if handle.done:  # the client left while it moved: drop the new copy too
+            self.abort_later(handle)
+            return True
         self.directory.dequeue(old_worker_id, handle.num_prompt_tokens)
         self.directory.enqueue(status.worker_id, handle.num_prompt_tokens)
-        handle.worker_id, handle.worker_epoch = status.worker_id, status.epoch
-        handle.t_worker_seen_s = status.t_heartbeat_s
-        await self.dispatcher.submit(status.worker_id, submit)
-        log.warning("request_resubmitted", request_id=handle.request_id, worker_id=status.worker_id)
+        handle.worker_epoch, handle.t_worker_seen_s = status.epoch, status.t_heartbeat_s
+        log.warning("request_moved", request_id=handle.request_id, worker_id=status.worker_id)
         return True
 
     def abort_later(self, handle: RequestHandle) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from redis.exceptions import RedisError
 from starlette.types import Receive, Scope, Send
 
 from gateway.auth import bearer, lookup_api_key
@@ -87,7 +88,8 @@ async def completions(
     if body.echo or body.suffix or (body.best_of or 1) > 1:
         raise APIError(400, "echo, suffix and best_of > 1 are not supported", param="echo")
     prompt_ids = _prompt_ids(state, body.prompt)
-    params = await _params(state, request, body, prompt_ids, body.max_tokens)
+    max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's and vLLM's default
+    params = await _params(state, request, body, prompt_ids, max_tokens)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     generation = await state.generations.start(request_id, params)
     head = {"id": request_id, "created": int(time.time()), "model": state.model_name}
@@ -135,7 +137,10 @@ async def _params(
     if body.model is not None and body.model != state.model_name:
         raise APIError(404, f"the model {body.model!r} does not exist", "model", "model_not_found")
     tenant, key_class, key_id = await _api_key(state, request)
-    slo = _slo_class(state, request.headers.get("x-slo-class") or key_class)
+    header_class = request.headers.get("x-slo-class")
+    if header_class is None and key_class not in state.directory.slo_classes:
+        key_class = None  # the key's class was removed since: the configured default applies
+    slo = _slo_class(state, header_class or key_class)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if len(stop) > settings.max_stop_strings or any(
         len(s) > settings.max_stop_string_chars for s in stop
@@ -178,7 +183,10 @@ async def _api_key(
 ) -> tuple[str | None, str | None, str | None]:
     """(tenant, default SLO class, key id) of the request's API key, if it has a known one."""
     key = bearer(request)
-    info = await lookup_api_key(state.redis, key) if key else None
+    try:
+        info = await lookup_api_key(state.redis, key) if key else None
+    except RedisError as exc:
+        raise APIError(503, f"could not check the API key: {exc}", code="bus") from exc
     if info is None and state.settings.require_api_key:
         raise APIError(401, "a valid API key is required", code="invalid_api_key")
     return (info.tenant, info.slo_class, info.key_id) if info else (None, None, None)

@@ -50,7 +50,8 @@ async def read_knobs(redis: Redis) -> tuple[Knobs, int]:
     raw = await redis.hgetall(KNOBS_KEY)
     decoded = {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
     version = int(decoded.get("version", 0))
-    return knobs_from_mapping(decoded), version
+    known = {f.name for f in fields(Knobs)}  # a newer writer's extra knobs are not ours to read
+    return knobs_from_mapping({k: v for k, v in decoded.items() if k in known}), version
 
 
 async def write_knobs(redis: Redis, changes: dict[str, Any]) -> tuple[Knobs, int]:

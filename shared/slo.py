@@ -59,10 +59,10 @@ async def read_slo_classes(redis: Redis) -> tuple[dict[str, SloClass], int]:
     version = int(raw.pop(b"version", 0))
     if not raw:
         return dict(DEFAULT_SLO_CLASSES), version
-    decoded = {_text(k): msgpack.unpackb(v) for k, v in raw.items()}
     try:
+        decoded = {_text(k): msgpack.unpackb(v) for k, v in raw.items()}
         return slo_classes_from_mapping(decoded), version
-    except ValueError:
+    except Exception:  # not written by us (garbage, or another version's shape)
         return dict(DEFAULT_SLO_CLASSES), version  # never written by us: keep serving
 
 

@@ -51,7 +51,8 @@ def run_serve(args: argparse.Namespace) -> int:
     configure_logging()
     with contextlib.ExitStack() as stack:
         redis_url = args.redis_url or _embedded_redis(stack)
-        admin_token = os.environ.get("SUPERINFER_ADMIN_TOKEN") or secrets.token_urlsafe(24)
+        given_token = os.environ.get("SUPERINFER_ADMIN_TOKEN")
+        admin_token = given_token or secrets.token_urlsafe(24)
         if args.policy:
             asyncio.run(_write_policy(redis_url, args.policy))
         env = {**os.environ, "SUPERINFER_REDIS_URL": redis_url}
@@ -70,7 +71,8 @@ def run_serve(args: argparse.Namespace) -> int:
             served_model_name=args.served_model_name,
             admin_token=admin_token,
         )
-        print(f"SuperInfer: http://{args.host}:{args.port}/v1  admin token: {admin_token}")
+        shown = "from SUPERINFER_ADMIN_TOKEN" if given_token else admin_token  # never echo a secret
+        print(f"SuperInfer: http://{args.host}:{args.port}/v1  admin token: {shown}")
         sys.stdout.flush()
 
         async def main(stop: asyncio.Event) -> None:

@@ -88,7 +88,10 @@ def serve(args: list[str], redis_url: str, env: dict[str, str] | None = None) ->
             process.kill()
             process.wait()
         log_file.close()
-        log_path.unlink(missing_ok=True)
+        if os.environ.get("SUPERINFER_KEEP_LOGS"):
+            print(f"serve log kept at {log_path}")
+        else:
+            log_path.unlink(missing_ok=True)
 
 
 @contextmanager

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 import torch
 
 _SEED_MIX = 1_000_003
+# Below this temperature sampling is greedy (as vLLM does): dividing logits by a tinier one
+# overflows to inf and the softmax to NaN.
+GREEDY_BELOW_TEMPERATURE = 1e-5
 _SEED_MASK = (1 << 63) - 1
 
 
@@ -50,14 +53,16 @@ class Sampler:
     generator: torch.Generator = field(default_factory=torch.Generator)
 
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
-        greedy = [i for i, row in enumerate(rows) if row.params.temperature == 0]
+        greedy = [
+            i for i, row in enumerate(rows) if row.params.temperature < GREEDY_BELOW_TEMPERATURE
+        ]
         tokens = [0] * len(rows)
         if greedy:
             picked = logits[greedy].argmax(dim=-1).tolist()
             for i, token in zip(greedy, picked, strict=True):
                 tokens[i] = int(token)
         for i, row in enumerate(rows):
-            if row.params.temperature != 0:
+            if row.params.temperature >= GREEDY_BELOW_TEMPERATURE:
                 tokens[i] = self._sample_row(logits[i], row)
         return tokens
 

@@ -312,3 +312,29 @@ def test_a_snapshot_that_cannot_travel_is_skipped_not_fatal() -> None:
     assert data is not None
     msg = decode(data, StateSnapshot)
     assert rows_from_table(msg.requests)[0].t_arr_s == 0.5 and msg.iteration == 3
+
+
+async def test_engine_that_keeps_failing_ends_requests_with_an_error(
+    redis_client, stories_setup, stories_path
+) -> None:
+    """A bug in a step must not leave clients hanging while the worker retries forever."""
+    prompts, _ = stories_setup
+    services = Services(redis_client, _worker_settings(stories_path, policy="vllm"))
+
+    def broken_step() -> list:
+        raise RuntimeError("injected engine failure")
+
+    services.worker.engine.step = broken_step  # type: ignore[method-assign]
+    await _push(redis_client, [_submit(0, prompts[0])])
+    deadline = time.monotonic() + 15
+    error = None
+    last = "0-0"
+    while error is None and time.monotonic() < deadline:
+        response = await redis_client.xread({REPLY: last}, block=200)
+        for _, entries in response or []:
+            for entry_id, fields in entries:
+                last = entry_id
+                out = decode(fields[b"m"], TokenOutput)
+                error = out.error if out.request_id == "req-0" else error
+    await services.stop()
+    assert error is not None and error.startswith("engine error")

@@ -215,3 +215,15 @@ def test_half_precision_runs_and_tracks_fp32(stories_path: Path, dtype: str) -> 
     results = generate(engine, [[1]], [SamplingParams(max_tokens=8, temperature=0)])
     # Low precision may drift later on; the first greedy tokens of a trained model agree.
     assert results[0].token_ids[:4] == STORIES_REFERENCE_TOKENS[:4]
+
+
+def test_tiny_temperatures_sample_greedily_instead_of_nan() -> None:
+    """1e-300 overflowed logits / temperature to inf and the softmax to NaN (a fuzzer found it;
+    the worker's step raised on every iteration)."""
+    import torch
+
+    from data_plane.engine.sampling import Sampler, SamplingRow
+
+    logits = torch.tensor([[1.0, 5.0, 2.0], [300.0, -300.0, 299.0]])
+    rows = [SamplingRow(SamplingParams(temperature=t), 0) for t in (1e-300, 1e-6)]
+    assert Sampler().sample(logits, rows) == [1, 0]
