@@ -131,9 +131,10 @@ class Generation:
         self.num_completion_tokens += len(msg.token_ids)
         text = self._detok.add(msg.token_ids)
         reason = msg.finish_reason
-        if self._detok.stopped and reason is None:
-            reason = "stop"  # a stop string: the worker need not go on
-            self.service.abort_later(self.handle)
+        if self._detok.stopped:  # a stop string ends it, even in the worker's last message
+            if reason is None:
+                self.service.abort_later(self.handle)  # the worker need not go on
+            reason = "stop"
         if reason is not None:
             text += self._detok.flush()
             self.finish_reason = reason

@@ -29,10 +29,10 @@ class HFTokenizer:
         self.eos_token_ids = eos_token_ids
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
-        if add_bos and self.bos_token_id is not None:
-            return [self.bos_token_id, *ids]
-        return list(ids)
+        """The tokenizer's own special tokens (its post-processor: BOS for Llama and Mistral,
+        none for Qwen2), as Hugging Face's tokenizers and vLLM add them; none when
+        ``add_bos`` is False (chat templates write their own)."""
+        return list(self._tok.encode(text, add_special_tokens=add_bos).ids)
 
     def decode(self, token_ids: list[int]) -> str:
         return str(self._tok.decode(token_ids, skip_special_tokens=True))
