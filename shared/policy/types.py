@@ -80,8 +80,6 @@ class Knobs:
         for name in ("alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s", "min_residency_s"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number")
-        if not -10.0 <= self.beta_b <= 10.0 or not 0.0 <= self.beta_f <= 10.0:
-            raise ValueError("beta_b must be in [-10, 10] and beta_f in [0, 10]")
         if self.alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {self.alpha}")
         if self.slo_ttft_s <= 0 or self.slo_tbt_s <= 0:
