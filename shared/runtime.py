@@ -39,7 +39,7 @@ async def loop_with_backoff(
     on_error: Callable[[RedisError], Awaitable[None]] | None = None,
 ) -> None:
     """Call ``iterate`` until ``stop``; an error (Redis away or restarted, or a value nobody
-    expected) is logged and retried with exponential backoff (50 ms doubling to 2 s): a service
+    expected) is logged and retried with exponential backoff (50 ms doubling to 0.5 s): a service
     never dies of one. ``on_error`` sees Redis errors (e.g. to re-create a consumer group)."""
     backoff_s = 0.05
     while not stop.is_set():
@@ -52,6 +52,6 @@ async def loop_with_backoff(
             else:
                 log.exception("loop_error", error=repr(exc), retry_in_s=backoff_s)
             await asyncio.sleep(backoff_s)
-            backoff_s = min(2.0, backoff_s * 2)
+            backoff_s = min(0.5, backoff_s * 2)
             if on_error is not None and isinstance(exc, RedisError):
                 await on_error(exc)

@@ -62,6 +62,9 @@ async def test_r3_redis_restart_under_load(system: System, redis_process: RedisP
         f"ended {late_s:.1f} s after Redis was back; new requests succeed "
         f"{recovered_s:.1f} s after that"
     )
+    for o in outcomes:
+        if not o.completed:
+            print(f"  failed {o.t_end_s - t_back:+.1f} s after Redis was back: {o.error}")
     assert all(o.completed or o.clear_error for o in outcomes)
     assert late_s <= 5.0
     assert all(o.t_end_s - o.t_start_s < 60 for o in outcomes)
