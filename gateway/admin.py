@@ -13,6 +13,7 @@ from gateway.errors import APIError
 from gateway.state import GatewayState
 from shared import streams
 from shared.knobs import knobs_to_mapping, read_knobs, write_knobs
+from shared.policy import kv_usage
 from shared.slo import read_slo_classes, write_slo_classes
 
 
@@ -72,8 +73,8 @@ async def get_workers(request: Request) -> dict[str, Any]:
     for status in state.directory.statuses.values():
         row = asdict(status)
         row["alive"] = status.worker_id in alive
-        row["kv_usage_hbm"] = _usage(status.num_hbm_blocks, status.num_free_hbm_blocks)
-        row["kv_usage_dram"] = _usage(status.num_dram_blocks, status.num_free_dram_blocks)
+        row["kv_usage_hbm"] = kv_usage(status.num_hbm_blocks, status.num_free_hbm_blocks)
+        row["kv_usage_dram"] = kv_usage(status.num_dram_blocks, status.num_free_dram_blocks)
         row["predicted_lag_s"] = state.directory.predicted_lag_s(status)
         workers.append(row)
     return {"workers": workers, "control_plane_alive": state.directory.control_plane_alive}
@@ -108,10 +109,6 @@ async def remove_api_key(key_id: str, request: Request) -> dict[str, Any]:
 
 def _class(c: Any) -> dict[str, float]:
     return {"ttft_s": c.ttft_s, "tbt_s": c.tbt_s}
-
-
-def _usage(num_blocks: int, num_free: int) -> float:
-    return 0.0 if num_blocks <= 0 else 1.0 - num_free / num_blocks
 
 
 def _text(value: bytes | str) -> str:

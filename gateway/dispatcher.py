@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -42,7 +42,6 @@ class RequestHandle:
     submit: SubmitRequest | None = None  # kept until the first token, for a resubmit
     lost_output: bool = False  # an output message is missing (index gap)
     done: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Dispatcher:

@@ -138,8 +138,6 @@ class Generation:
         if reason is not None:
             text += self._detok.flush()
             self.finish_reason = reason
-            self.handle.extra["num_rotations"] = msg.num_rotations
-            self.handle.extra["num_preemptions"] = msg.num_preemptions
         return Delta(text, len(msg.token_ids), reason)
 
     @property
@@ -235,6 +233,8 @@ class GenerationService:
         )
         fields: dict[str, str | float | int] = {"gateway_finished_s": now, "gateway_finish": reason}
         fields["gateway_id"] = self.dispatcher.gateway_id
+        if generation.params.tenant is not None:
+            fields["tenant"] = generation.params.tenant
         if timeline.t_first_s is not None:
             fields["first_token_s"] = timeline.t_first_s
         self._record(generation.request_id, **fields)

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.workers import WorkerDirectory
+from shared.policy import kv_usage
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 _TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5)
@@ -143,8 +144,8 @@ class _WorkerCollector(Collector):
             gauges["num_requests_waiting"].add_metric([w], s.num_waiting)
             gauges["num_requests_rotary"].add_metric([w], s.num_rotary)
             gauges["iteration_time_seconds"].add_metric([w], s.iteration_time_s)
-            usage.add_metric([w, "hbm"], _used(s.num_hbm_blocks, s.num_free_hbm_blocks))
-            usage.add_metric([w, "dram"], _used(s.num_dram_blocks, s.num_free_dram_blocks))
+            usage.add_metric([w, "hbm"], kv_usage(s.num_hbm_blocks, s.num_free_hbm_blocks))
+            usage.add_metric([w, "dram"], kv_usage(s.num_dram_blocks, s.num_free_dram_blocks))
             source.add_metric([w, s.plan_source], 1.0)
             counters["num_preemptions"].add_metric([w], s.num_preemptions)
             counters["num_rotations_out"].add_metric([w], s.num_rotations_out)
@@ -168,7 +169,3 @@ class _WorkerCollector(Collector):
         cp = GaugeMetricFamily("superinfer:control_plane_up", "1 while the control plane beats")
         cp.add_metric([], 1.0 if d.control_plane_alive else 0.0)
         yield from (knobs, policy, version, cp)
-
-
-def _used(num_blocks: int, num_free: int) -> float:
-    return 0.0 if num_blocks <= 0 else 1.0 - num_free / num_blocks

@@ -15,7 +15,7 @@ from gateway.errors import APIError
 from gateway.settings import GatewaySettings
 from shared import streams
 from shared.knobs import read_knobs
-from shared.policy import Knobs
+from shared.policy import Knobs, kv_usage, predicted_lag_s
 from shared.protocol import ProtocolError, WorkerStatus, decode
 from shared.slo import DEFAULT_SLO_CLASSES, SloClass, read_slo_classes
 
@@ -85,14 +85,13 @@ class WorkerDirectory:
         return min(lens) if lens else None
 
     def predicted_lag_s(self, status: WorkerStatus) -> float:
-        """How long a new request would wait on ``status``'s worker: iterations to drain the
-        prompt tokens queued ahead of it, at the worker's recent iteration time."""
         share = self.queued.get(status.worker_id, QueueShare())
-        queued_tokens = status.num_waiting_tokens + share.num_prompt_tokens
-        iteration_s = max(status.iteration_time_s, 1e-3)
-        busy = 1.0 + queued_tokens / max(1, status.max_num_batched_tokens)
-        usage = 1.0 - status.num_free_hbm_blocks / max(1, status.num_hbm_blocks)
-        return iteration_s * busy * (1.0 + usage)
+        return predicted_lag_s(
+            status.iteration_time_s,
+            status.num_waiting_tokens + share.num_prompt_tokens,
+            status.max_num_batched_tokens,
+            kv_usage(status.num_hbm_blocks, status.num_free_hbm_blocks),
+        )
 
     def choose(self, num_prompt_tokens: int) -> WorkerStatus:
         """The least-lagging worker with room in its queue; 503 without workers, 429 (with

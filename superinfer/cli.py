@@ -118,21 +118,12 @@ def _add_service_parsers(sub: argparse._SubParsersAction) -> None:
     worker = sub.add_parser("data-plane", help="the engine as a worker on Redis streams")
     worker.add_argument("--worker-id", default=None)
     worker.add_argument("--redis-url", default=None)
+    from superinfer.serve import WORKER_MODEL_FLAGS
+
     for flag, kind in (
         ("--model", str),
-        ("--tokenizer", str),
-        ("--dtype", str),
-        ("--device", str),
-        ("--block-size", int),
-        ("--hbm-kv-gib", float),
-        ("--dram-kv-gib", float),
-        ("--num-hbm-blocks", int),
-        ("--num-dram-blocks", int),
-        ("--max-num-batched-tokens", int),
-        ("--max-num-seqs", int),
-        ("--transfer-backend", str),
+        *WORKER_MODEL_FLAGS,
         ("--policy", str),
-        ("--b-xfer", int),
         ("--plan-max-age-iterations", int),
         ("--health-port", int),
     ):

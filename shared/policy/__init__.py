@@ -9,6 +9,7 @@ from shared.policy.columns import (
     columns_from_views,
 )
 from shared.policy.registry import POLICY_NAMES, make_plan
+from shared.policy.routing import kv_usage, predicted_lag_s
 from shared.policy.types import (
     Knobs,
     Plan,
@@ -31,6 +32,8 @@ __all__ = [
     "Snapshot",
     "columnar_from_snapshot",
     "columns_from_views",
+    "kv_usage",
     "make_plan",
+    "predicted_lag_s",
     "vlt",
 ]
