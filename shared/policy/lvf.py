@@ -160,7 +160,11 @@ def _rotate_out_tail(
     plan: Plan,
 ) -> None:
     """Step 4: from the tail of L (longest running first) while VLT < 0 and B_swap > 0,
-    rotate out; preempt by recompute when DRAM has no room for the request's unsynced blocks.
+    rotate out. A victim DRAM has no room for (its unsynced blocks) is preempted by
+    recompute only while HBM is short for the running requests' own growth, as vLLM would;
+    otherwise it stays running. Proactive rotation never turns into recompute: under
+    sustained overload with DRAM full, throwing away a long prompt's KV to admit another
+    one would spend the GPU on prefills that are thrown away in turn.
 
     Passed over: requests that hold no HBM block (nothing to free), whose KV is still arriving
     (H2D in flight), and, unless HBM is short for the running requests' own growth
@@ -183,7 +187,7 @@ def _rotate_out_tail(
         if dram_needed <= free_dram:
             plan.rotate_out_ids.append(view.request_id)
             free_dram -= max(0, dram_needed)
-        else:
+        elif shortage > 0:
             plan.preempt_ids.append(view.request_id)
         b_swap -= held
         shortage -= held

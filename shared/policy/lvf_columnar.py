@@ -133,24 +133,27 @@ def _rotate_out_tail(
     # passed over for good: VLT >= 0 (the scan stops there), no HBM block, KV not resident
     running = running[(scores[running] < 0) & (held > 0) & columns.resident[running]]
     victims: list[Ints] = [_EMPTY]
+    num_forced = 0  # victims taken while HBM was short (a prefix of the victims)
     held = columns.num_blocks_hbm[running]
     expected = 2 * b_swap * len(held) // max(1, int(held.sum()))  # victims, on average x2
     for segment in _segments_of_l(columns, running, scores, False, max(_SEGMENT, expected)):
         settled = scores[segment] < -knobs.min_residency_s
-        taken, num_blocks = _tail_victims(columns, segment, b_swap, shortage, settled)
+        taken, num_blocks, forced = _tail_victims(columns, segment, b_swap, shortage, settled)
+        num_forced += forced
         victims.append(taken)
         b_swap, shortage = b_swap - num_blocks, shortage - num_blocks
         if b_swap <= 0:
             break
-    return _split_by_dram_room(snapshot, np.concatenate(victims))
+    return _split_by_dram_room(snapshot, np.concatenate(victims), num_forced)
 
 
 def _tail_victims(
     columns: RequestColumns, order: Ints, b_swap: int, shortage: int, settled: np.ndarray
-) -> tuple[Ints, int]:
-    """The victims among ``order`` (in scan order) and their blocks. Each takes its blocks
-    off both B_swap and the shortage, so they are a prefix of the scan while the shortage
-    lasts (unserved requests may go then), and after it a prefix of the served rest."""
+) -> tuple[Ints, int, int]:
+    """The victims among ``order`` (in scan order), their blocks, and how many of them were
+    taken while the shortage lasted. Each takes its blocks off both B_swap and the shortage,
+    so they are a prefix of the scan while the shortage lasts (unserved requests may go
+    then), and after it a prefix of the served rest."""
     held = columns.num_blocks_hbm[order]
     before = np.cumsum(held) - held  # blocks the scan took before each row, were all taken
     num_forced = 0
@@ -166,12 +169,15 @@ def _tail_victims(
         count = int(np.searchsorted(used + np.cumsum(rest_held) - rest_held, b_swap, "left"))
         victims = np.concatenate((victims, rest[:count]))
         used += int(rest_held[:count].sum())
-    return victims, used
+    return victims, used, num_forced
 
 
-def _split_by_dram_room(snapshot: ColumnarSnapshot, victims: Ints) -> tuple[Ints, Ints]:
-    """In scan order: rotate out while DRAM has room for the victim's unsynced blocks,
-    preempt by recompute otherwise."""
+def _split_by_dram_room(
+    snapshot: ColumnarSnapshot, victims: Ints, num_forced: int
+) -> tuple[Ints, Ints]:
+    """In scan order: rotate out while DRAM has room for the victim's unsynced blocks;
+    a victim it has no room for is preempted by recompute if it was forced (one of the
+    first ``num_forced``, taken while HBM was short), else it stays running."""
     columns = snapshot.requests
     dram_needed = columns.num_blocks_hbm[victims] - columns.num_blocks_dram[victims]
     free_dram = snapshot.num_free_dram_blocks
@@ -181,7 +187,9 @@ def _split_by_dram_room(snapshot: ColumnarSnapshot, victims: Ints) -> tuple[Ints
         fits = np.flatnonzero(dram_needed <= free_dram)
     rotates = np.zeros(len(victims), np.bool_)
     rotates[fits] = True
-    return victims[rotates], victims[~rotates]
+    preempts = ~rotates
+    preempts[num_forced:] = False
+    return victims[rotates], victims[preempts]
 
 
 def _join_and_pack(

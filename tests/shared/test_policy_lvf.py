@@ -254,18 +254,39 @@ def test_tail_scan_spares_requests_unserved_since_they_entered_running() -> None
     assert make_plan(short, LVF).rotate_out_ids == ["x"]
 
 
-def test_rotate_out_falls_back_to_recompute_without_dram_room() -> None:
+def test_without_dram_room_proactive_victims_stay_running() -> None:
     snapshot, _ = tail_scenario(dram=0)
     plan = make_plan(snapshot, LVF)
-    assert plan.preempt_ids == ["x", "y"] and plan.rotate_out_ids == []
-    # preempted blocks are free at once: w is admitted in the same step with 8 blocks
-    assert plan.admit_ids == ["w"] and ids(plan.schedule) == ["z", "w"]
+    # HBM is not short for the running requests' growth: rotation is proactive, and with no
+    # DRAM room it does not turn into recompute; x and y keep running, w keeps waiting
+    assert plan.preempt_ids == [] and plan.rotate_out_ids == []
+    assert plan.admit_ids == [] and ids(plan.schedule) == ["x", "y", "z"]
     check_plan(snapshot, plan)
     # a victim whose blocks are all synced to DRAM already needs no DRAM room
     run = [running("x", t_run=0.0, blocks=4, dram=4), running("y", t_run=5.0, blocks=4, dram=1)]
     synced = snap(*run, waiting("w", t_arr=0.0, blocks=8), free=0, xfer=8, dram=0)
     plan = make_plan(synced, LVF)
-    assert (plan.rotate_out_ids, plan.preempt_ids) == (["x"], ["y"])
+    assert (plan.rotate_out_ids, plan.preempt_ids) == (["x"], [])
+
+
+def test_without_dram_room_a_real_hbm_shortage_preempts_by_recompute() -> None:
+    # x's next token needs a 5th block and HBM has none: B_HBM = -1, the shortage forces a
+    # victim; DRAM has no room for it, so it is preempted by recompute (as vLLM would)
+    x_full = RequestView(
+        "x",
+        RequestState.RUNNING,
+        t_arr_s=0.0,
+        num_tokens=4 * BS + 1,
+        num_computed_tokens=4 * BS,
+        num_blocks_hbm=4,
+        t_run_s=1.0,
+        t_last_s=2.0,
+    )
+    y = running("y", t_run=5.0, blocks=4)
+    short = snap(x_full, y, free=0, xfer=0, dram=0)
+    plan = make_plan(short, LVF)
+    assert plan.preempt_ids == ["x"] and plan.rotate_out_ids == []
+    check_plan(short, plan)
 
 
 def test_equal_running_vlt_rotates_the_later_arrival_first() -> None:
