@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 
 from control_plane.settings import ControlPlaneSettings
 from shared import streams
+from shared.costmodel import measured_b_xfer_blocks
 from shared.knobs import read_knobs
 from shared.policy import ColumnarSnapshot, Knobs, Plan, make_plan
 from shared.policy.lvf_columnar import lvf_columnar
@@ -44,13 +45,13 @@ def to_policy_snapshot(msg: StateSnapshot, b_xfer_blocks: int) -> ColumnarSnapsh
 
 
 def resolve_b_xfer(knobs: Knobs, msg: StateSnapshot) -> int:
-    """A fixed budget, or ``auto``: measured link bandwidth x iteration time, in blocks (the
-    worker's current budget while no bandwidth has been measured)."""
+    """A fixed budget, or ``auto``: the worker's measured link bandwidth x its iteration time,
+    in blocks (its current budget while no bandwidth has been measured)."""
     if knobs.b_xfer is not None:
         return knobs.b_xfer
-    if msg.link_bytes_per_s <= 0 or msg.block_bytes <= 0:
-        return msg.b_xfer_blocks
-    return max(1, int(msg.link_bytes_per_s * msg.iteration_time_s / msg.block_bytes))
+    return measured_b_xfer_blocks(
+        msg.link_bytes_per_s, msg.iteration_time_s, msg.block_bytes, msg.b_xfer_blocks
+    )
 
 
 def plan_for(msg: StateSnapshot, knobs: Knobs, knobs_version: int) -> RotationPlan:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import structlog
 
-from shared.policy import Knobs, Plan, Snapshot, make_plan
+from shared.policy import ColumnarSnapshot, Knobs, Plan, Snapshot, make_plan
+from shared.policy.columns import snapshot_from_columnar
 from shared.policy.remote import fit_plan
 from shared.protocol import RotationPlan
 
@@ -35,7 +36,14 @@ class HybridPlanner:
             return True
         return False
 
-    def __call__(self, snapshot: Snapshot) -> Plan:
+    def __call__(self, engine_snapshot: Snapshot | ColumnarSnapshot) -> Plan:
+        """The plan for this iteration. The worker's engine hands views; columns (an engine
+        built ``columnar``) are turned into views here, as fitting a remote plan walks them."""
+        snapshot = (
+            snapshot_from_columnar(engine_snapshot)
+            if isinstance(engine_snapshot, ColumnarSnapshot)
+            else engine_snapshot
+        )
         self.last_snapshot = snapshot
         remote = self.remote
         fresh = remote is not None and (

@@ -26,6 +26,7 @@ from data_plane.kv.tiered import TieredKVCacheManager
 from data_plane.planner import HybridPlanner
 from data_plane.settings import WorkerSettings
 from shared import streams
+from shared.costmodel import measured_b_xfer_blocks
 from shared.knobs import read_knobs
 from shared.policy import Knobs, Snapshot, columns_from_views
 from shared.protocol import (
@@ -118,7 +119,20 @@ class Worker:
         iteration_time_s = time.perf_counter() - t_start
         self._busy_time_s += iteration_time_s
         self._busy_iterations += 1
+        self._auto_b_xfer(iteration_time_s)
         await self._publish(outputs, iteration_time_s)
+
+    def _auto_b_xfer(self, iteration_time_s: float) -> None:
+        """Planning locally with ``B_xfer=auto``: set the budget the control plane would send
+        (measured link bandwidth x this iteration's time, in blocks; unchanged while nothing
+        is measured). Remote plans carry their own budget, applied in :meth:`_read_plans`."""
+        kv = self.engine.kv
+        if self.planner.source != "local" or self.planner.knobs.b_xfer is not None:
+            return
+        if isinstance(kv, TieredKVCacheManager):
+            kv.b_xfer_blocks = measured_b_xfer_blocks(
+                kv.link_bytes_per_s, iteration_time_s, self.block_bytes, kv.b_xfer_blocks
+            )
 
     async def _ensure_group(self) -> None:
         try:
@@ -373,6 +387,7 @@ class Worker:
             table.num_synced if (table := tables.get(rid)) else 0 for rid in columns.request_ids
         ]
         dram = getattr(kv, "dram", None)
+        link = kv.link_bytes_per_s if isinstance(kv, TieredKVCacheManager) else 0.0
         return StateSnapshot(
             worker_id=self.settings.worker_id,
             epoch=self.epoch,
@@ -389,7 +404,7 @@ class Worker:
             max_num_seqs=snapshot.max_num_seqs,
             b_xfer_blocks=snapshot.b_xfer_blocks,
             iteration_time_s=iteration_time_s,
-            link_bytes_per_s=0.0,  # not measured yet: B_xfer "auto" keeps the current budget
+            link_bytes_per_s=link,  # measured by the transfer engine; 0.0 until a copy ended
             plan_source=self.planner.source,
         )
 

@@ -131,12 +131,32 @@ def auto_b_xfer_blocks(profile: CostProfile, predicted_iteration_s: float, block
 
     Uses the slower of the two one-direction rates.
     """
-    if not predicted_iteration_s >= 0:
-        raise ValueError(f"predicted_iteration_s must be >= 0, got {predicted_iteration_s}")
+    rate = min(profile.link_h2d_bytes_s, profile.link_d2h_bytes_s)
+    return b_xfer_blocks_at_rate(rate, predicted_iteration_s, block_bytes)
+
+
+def b_xfer_blocks_at_rate(link_bytes_s: float, iteration_s: float, block_bytes: int) -> int:
+    """B_xfer: blocks a link direction at ``link_bytes_s`` moves in ``iteration_s`` seconds,
+    ``floor(link_bytes_s * iteration_s / block_bytes)``, at least 1."""
+    if not (math.isfinite(link_bytes_s) and link_bytes_s >= 0):
+        raise ValueError(f"link_bytes_s must be finite and >= 0, got {link_bytes_s}")
+    if not (math.isfinite(iteration_s) and iteration_s >= 0):
+        raise ValueError(f"iteration_s must be finite and >= 0, got {iteration_s}")
     if block_bytes <= 0:
         raise ValueError(f"block_bytes must be > 0, got {block_bytes}")
-    rate = min(profile.link_h2d_bytes_s, profile.link_d2h_bytes_s)
-    return max(1, math.floor(rate * predicted_iteration_s / block_bytes))
+    return max(1, math.floor(link_bytes_s * iteration_s / block_bytes))
+
+
+def measured_b_xfer_blocks(
+    link_bytes_per_s: float, iteration_s: float, block_bytes: int, current_blocks: int
+) -> int:
+    """``B_xfer=auto`` on a running worker: :func:`b_xfer_blocks_at_rate` of the link bandwidth
+    it measured and its last iteration time; ``current_blocks`` while nothing is measured
+    (``link_bytes_per_s`` 0) or ``block_bytes`` is unknown. The control plane and a worker
+    planning locally both use this, so they agree."""
+    if link_bytes_per_s <= 0 or block_bytes <= 0:
+        return current_blocks
+    return b_xfer_blocks_at_rate(link_bytes_per_s, iteration_s, block_bytes)
 
 
 def builtin_profile_names() -> list[str]:

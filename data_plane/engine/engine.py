@@ -8,7 +8,6 @@ applies the plan's state changes, allocates blocks, runs the executor and proces
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,11 +15,20 @@ from data_plane.engine.model_runner import BatchItem
 from data_plane.engine.output import check_stop
 from data_plane.engine.request import FinishReason, Request, RequestError, RequestOutput
 from data_plane.engine.sampling import SamplingParams
+from data_plane.engine.waiting import WaitingQueue
 from data_plane.kv.manager import KVCacheManager
-from shared.policy import Plan, RequestState, RequestView, Snapshot
+from shared.policy import (
+    ColumnarSnapshot,
+    Plan,
+    RequestState,
+    RequestView,
+    Snapshot,
+    columns_from_views,
+)
+from shared.policy.columns import concat_columns, empty_columns
 from shared.tokenizer import Tokenizer
 
-Planner = Callable[[Snapshot], Plan]
+Planner = Callable[[Snapshot | ColumnarSnapshot], Plan]
 
 
 class Executor:
@@ -56,7 +64,10 @@ class Engine:
         tokenizer: Tokenizer | None = None,
         clock: Callable[[], float] = time.monotonic,
         vocab_size: int | None = None,
+        columnar: bool = False,
     ) -> None:
+        """``columnar``: give the planner :class:`ColumnarSnapshot` (for the columnar LVF)
+        instead of views."""
         self.executor = executor
         self.kv = kv
         self.planner = planner
@@ -67,9 +78,10 @@ class Engine:
         self.tokenizer = tokenizer
         self.clock = clock
         self.vocab_size = vocab_size
+        self.columnar = columnar
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
-        self.waiting: deque[Request] = deque()
+        self.waiting = WaitingQueue(self._view)
         self.rotary: list[Request] = []
         self.stats = EngineStats()
         self._arrival_seq = 0
@@ -145,7 +157,7 @@ class Engine:
         self.stats.num_iterations += 1
         self.kv.poll()
         now = self.clock()
-        plan = self.planner(self.snapshot(now))
+        plan = self.planner(self.columnar_snapshot(now) if self.columnar else self.snapshot(now))
         self.stats.last_plan = plan
         self._apply_transitions(plan, now)
         items = self._allocate(plan)
@@ -163,34 +175,40 @@ class Engine:
         return outputs
 
     def snapshot(self, now: float) -> Snapshot:
-        views = [self._view(r) for r in self.running]
-        views += [self._waiting_view(r) for r in self.waiting]
-        views += [self._view(r) for r in self.rotary]
+        """The engine for the policy: running, then waiting, then rotary requests."""
+        view = self._view
+        views = [view(r) for r in self.running]
+        views += self.waiting.views()
+        views += [view(r) for r in self.rotary]
         return Snapshot(
             t_now_s=now,
             requests=tuple(views),
-            num_free_hbm_blocks=self.kv.hbm.num_free,
-            num_free_dram_blocks=self.kv.num_free_dram_blocks,
-            block_size=self.kv.block_size,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            max_num_seqs=self.max_num_seqs,
-            b_xfer_blocks=self.kv.b_xfer_available,
-            iteration=self.stats.num_iterations,
+            partition=(len(self.running), len(self.waiting)),
+            **self._snapshot_counts(),
         )
 
-    def _waiting_view(self, r: Request) -> RequestView:
-        """A waiting request holds no blocks and changes nothing until it runs, so its view
-        is built once (in overload thousands wait, and the snapshot is taken every iteration)."""
-        view = r.waiting_view
-        if (
-            view is None
-            or view.state is not r.state
-            or view.num_tokens != r.num_tokens
-            or view.t_run_s != r.t_run_s
-        ):
-            view = self._view(r)
-            r.waiting_view = view if view.num_blocks_hbm == view.num_blocks_dram == 0 else None
-        return view
+    def columnar_snapshot(self, now: float) -> ColumnarSnapshot:
+        """:meth:`snapshot` as columns (the waiting requests' come ready-made)."""
+        view = self._view
+        running = columns_from_views([view(r) for r in self.running])
+        rotary = columns_from_views([view(r) for r in self.rotary])
+        waiting = self.waiting.columns() if self.waiting else empty_columns()
+        return ColumnarSnapshot(
+            t_now_s=now,
+            requests=concat_columns((running, waiting, rotary)),
+            **self._snapshot_counts(),
+        )
+
+    def _snapshot_counts(self) -> dict[str, int]:
+        return {
+            "num_free_hbm_blocks": self.kv.hbm.num_free,
+            "num_free_dram_blocks": self.kv.num_free_dram_blocks,
+            "block_size": self.kv.block_size,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_num_seqs": self.max_num_seqs,
+            "b_xfer_blocks": self.kv.b_xfer_available,
+            "iteration": self.stats.num_iterations,
+        }
 
     def _view(self, r: Request) -> RequestView:
         table = self.kv.table(r.request_id)
@@ -307,11 +325,9 @@ class Engine:
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
         request.finish_reason = reason
-        queue = {
-            RequestState.RUNNING: self.running,
-            RequestState.ROTARY: self.rotary,
-            RequestState.WAITING: self.waiting,
-        }[request.state]
-        queue.remove(request)  # identity comparison: requests compare by id (eq=False)
+        if request.state is RequestState.WAITING:
+            self.waiting.remove(request)
+        else:  # identity comparison: requests compare by id (eq=False)
+            (self.running if request.state is RequestState.RUNNING else self.rotary).remove(request)
         self.kv.free(request.request_id)
         del self.requests[request.request_id]

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from data_plane.engine.sampling import SamplingParams
-from shared.policy import RequestState, RequestView
+from shared.policy import RequestState
 
 
 class FinishReason(enum.StrEnum):
@@ -42,7 +42,6 @@ class Request:
     prompt_text_len: int | None = None  # length of the decoded prompt (stop-string checks)
     num_preemptions: int = 0
     num_rotations: int = 0
-    waiting_view: RequestView | None = None  # the policy's view, reused while it waits
 
     @property
     def num_tokens(self) -> int:

@@ -101,6 +101,12 @@ class TieredKVCacheManager(KVCacheManager):
         return len(self._urgent) + len(self._syncs)
 
     @property
+    def link_bytes_per_s(self) -> float:
+        """The transfer engine's measured copy bandwidth (bytes/s, the slower direction over
+        its recent batches); 0.0 until a batch completed, or when the engine measures none."""
+        return float(getattr(self.transfer, "link_bytes_per_s", 0.0))
+
+    @property
     def b_xfer_available(self) -> int:
         """The budget a policy may plan with: B_xfer minus rotation copies still queued."""
         return max(0, self.b_xfer_blocks - len(self._urgent))

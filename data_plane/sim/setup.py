@@ -116,5 +116,6 @@ def build_parts(policy: str, knobs: Knobs, setup: SimSetup) -> SimParts:
         max_num_seqs=setup.max_num_seqs,
         max_model_len=setup.num_hbm_blocks * profile.block_size_tokens + 1,
         clock=clock,
+        columnar=policy == "lvf",  # the columnar LVF: the same plans, numpy over the queue
     )
     return SimParts(clock, engine, executor, transfer, auto_profile)

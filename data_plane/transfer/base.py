@@ -6,11 +6,19 @@ segment of ``n * block_bytes``. A backend gets at most one :meth:`TransferEngine
 iteration carrying every H2D and D2H block copy of that iteration, issues them (both
 directions concurrently where the backend can) and returns one handle per direction. The
 caller never blocks on a copy it does not need yet: it polls :meth:`TransferHandle.done`.
+
+Every real backend measures its link: for each direction of each submit it records the bytes and
+the seconds the copies took on the link (``cuda``: CUDA events around the batch on its copy
+stream; ``cpu`` and ``naive``: the copy thread's clock around the copies) in a
+:class:`LinkMeter`, which ``B_xfer=auto`` turns into a per-iteration budget.
 """
 
 from __future__ import annotations
 
 import abc
+import math
+import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +28,68 @@ import torch
 class BlockCopy:
     src: int  # block id in the source pool
     dst: int  # block id in the destination pool
+
+
+H2D, D2H = "h2d", "d2h"
+LINK_WINDOW_BATCHES = 64
+
+
+class LinkMeter:
+    """Measured copy bandwidth per direction over the last ``window`` batches of each.
+
+    A batch is one direction of one submit: its bytes and the seconds its copies kept the link
+    busy (from the first copy starting to the last one ending, not counting time queued behind
+    earlier work). The rate of a direction is ``sum(bytes) / sum(seconds)`` over its window,
+    i.e. weighted by bytes: a one-block batch, whose time is mostly fixed latency, counts in
+    proportion to its few bytes instead of pulling the mean down as much as a large batch.
+    It is still the rate achieved at the batch sizes seen, below the link's peak when batches
+    are small. A budget derived from it (``rate x iteration / block_bytes``) corrects itself:
+    n blocks that took less than an iteration give a budget above n, so under load the budget
+    settles where one batch fills an iteration.
+
+    Thread-safe: copy threads record, the serving loop reads.
+    """
+
+    def __init__(self, window: int = LINK_WINDOW_BATCHES) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1 batch, got {window}")
+        self.window = window
+        self._lock = threading.Lock()
+        self._batches: dict[str, deque[tuple[int, float]]] = {
+            H2D: deque(maxlen=window),
+            D2H: deque(maxlen=window),
+        }
+        self.num_batches = 0  # batches measured, all directions, since the start
+
+    def _window(self, direction: str) -> deque[tuple[int, float]]:
+        window = self._batches.get(direction)
+        if window is None:
+            raise ValueError(f"direction must be {H2D!r} or {D2H!r}, got {direction!r}")
+        return window
+
+    def record(self, direction: str, num_bytes: int, seconds: float) -> None:
+        """One finished batch; ignored when it moved nothing or has no usable duration."""
+        window = self._window(direction)
+        if num_bytes <= 0 or not (math.isfinite(seconds) and seconds > 0):
+            return
+        with self._lock:
+            window.append((num_bytes, seconds))
+            self.num_batches += 1
+
+    def bytes_per_s(self, direction: str) -> float:
+        """Bytes per busy second of ``direction`` over its window; 0.0 before any batch."""
+        window = self._window(direction)
+        with self._lock:
+            batches = list(window)
+        total_s = sum(s for _, s in batches)
+        return sum(b for b, _ in batches) / total_s if total_s > 0 else 0.0
+
+    @property
+    def link_bytes_per_s(self) -> float:
+        """The slower of the measured directions (one direction's rate limits a budget that
+        counts blocks per direction); 0.0 while nothing was measured."""
+        rates = [r for r in (self.bytes_per_s(H2D), self.bytes_per_s(D2H)) if r > 0]
+        return min(rates) if rates else 0.0
 
 
 class TransferHandle(abc.ABC):
@@ -74,6 +144,14 @@ class TransferEngine(abc.ABC):
         self.dram = dram
         self.block_bytes = hbm[0].numel() * hbm.element_size()
         self.stats = TransferStats()
+        self.meter = LinkMeter()
+
+    @property
+    def link_bytes_per_s(self) -> float:
+        """Measured link bandwidth (:attr:`LinkMeter.link_bytes_per_s`); 0.0 if unmeasured,
+        and for an engine without a meter (the simulator's does not run this ``__init__``)."""
+        meter: LinkMeter | None = getattr(self, "meter", None)
+        return meter.link_bytes_per_s if meter is not None else 0.0
 
     @abc.abstractmethod
     def submit(

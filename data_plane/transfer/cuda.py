@@ -3,9 +3,13 @@
 H2D copies run on one non-blocking stream and D2H copies on another, so both directions of a
 submit overlap on the two copy engines. Adjacent block ids are merged into larger segments first
 (:func:`merge_runs_array`, the vectorised twin of :func:`merge_runs`), and the pointer arrays are
-computed with numpy (:func:`build_segments`). Completion is a CUDA event recorded on the stream
-after the batch. Without ``cudaMemcpyBatchAsync`` (driver < 12.8, old cuda-python) the engine
-falls back to one ``cudaMemcpyAsync`` per merged segment and says so in ``stats.batched``.
+computed with numpy (:func:`build_segments`; both in ``segments.py``). Completion is a CUDA event
+recorded on the stream after the batch; a second event recorded before it times the batch on the
+device: when the handle is first seen done, ``cudaEventElapsedTime`` between the two (the batch's
+time on its copy stream, from the moment the stream reached it) goes with its bytes to the
+engine's :class:`~data_plane.transfer.base.LinkMeter`. Without ``cudaMemcpyBatchAsync`` (driver
+< 12.8, old cuda-python) the engine falls back to one ``cudaMemcpyAsync`` per merged segment and
+says so in ``stats.batched``.
 
 Importing this module makes no CUDA call; constructing the engine without CUDA raises
 :class:`RuntimeError`.
@@ -16,13 +20,28 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from data_plane.transfer.base import BlockCopy, TransferEngine, TransferHandle, TransferStats
+from data_plane.transfer.base import (
+    D2H,
+    H2D,
+    BlockCopy,
+    TransferEngine,
+    TransferHandle,
+    TransferStats,
+)
+from data_plane.transfer.segments import (  # re-exported: tests and benches import them here
+    build_segments,
+    check_copies,
+    copy_ids,
+    merge_runs_array,
+)
 
 # cudaError_t names that mean "the batched API is not there": fall back to per-segment copies.
 _UNSUPPORTED = ("cudaErrorNotSupported", "cudaErrorCallRequiresNewerDriver")
@@ -34,74 +53,6 @@ class CudaTransferStats(TransferStats):
     batched: bool = True  # False once the engine fell back to one cudaMemcpyAsync per segment
     enqueue_s: float = 0.0  # host seconds spent issuing copies, all submits together
     last_enqueue_s: float = 0.0  # host seconds of the latest submit
-
-
-def copy_ids(copies: list[BlockCopy]) -> tuple[np.ndarray, np.ndarray]:
-    """Source and destination block ids of ``copies`` as int64 arrays."""
-    n = len(copies)
-    src = np.fromiter((c.src for c in copies), dtype=np.int64, count=n)
-    dst = np.fromiter((c.dst for c in copies), dtype=np.int64, count=n)
-    return src, dst
-
-
-def merge_runs_array(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Vectorised :func:`merge_runs`: ``(k, 3)`` int64 rows ``(src_start, dst_start, count)``
-    after a stable sort by source id, merging where both ids advance by exactly one."""
-    n = len(src)
-    if n == 0:
-        return np.zeros((0, 3), dtype=np.int64)
-    order = np.argsort(src, kind="stable")
-    s, d = src[order], dst[order]
-    brk = np.ones(n, dtype=bool)
-    brk[1:] = (np.diff(s) != 1) | (np.diff(d) != 1)
-    starts = np.flatnonzero(brk)
-    counts = np.diff(np.append(starts, n))
-    return np.stack([s[starts], d[starts], counts], axis=1).astype(np.int64, copy=False)
-
-
-def build_segments(
-    runs: np.ndarray | list[tuple[int, int, int]], src_base: int, dst_base: int, block_bytes: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pointer/size arrays (uint64) for ``runs``: segment ``i`` copies ``count * block_bytes``
-    bytes from ``src_base + src_start * block_bytes`` to ``dst_base + dst_start * block_bytes``."""
-    arr = np.asarray(runs, dtype=np.uint64).reshape(-1, 3)
-    bb = np.uint64(block_bytes)
-    srcs = np.uint64(src_base) + arr[:, 0] * bb
-    dsts = np.uint64(dst_base) + arr[:, 1] * bb
-    sizes = arr[:, 2] * bb
-    return srcs, dsts, sizes
-
-
-def _check_ids(name: str, ids: np.ndarray, num_blocks: int) -> None:
-    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
-        raise ValueError(f"{name} block id out of range [0, {num_blocks})")
-
-
-def check_copies(
-    h2d: tuple[np.ndarray, np.ndarray],
-    d2h: tuple[np.ndarray, np.ndarray],
-    num_hbm: int,
-    num_dram: int,
-    hazards: bool = True,
-) -> None:
-    """Raise ValueError for out-of-range ids and, with ``hazards``, for copies of one submit
-    that race: a destination written twice, or a block that one direction writes while the
-    other reads it (both directions run concurrently)."""
-    (h_src, h_dst), (d_src, d_dst) = h2d, d2h
-    _check_ids("h2d source (DRAM)", h_src, num_dram)
-    _check_ids("h2d destination (HBM)", h_dst, num_hbm)
-    _check_ids("d2h source (HBM)", d_src, num_hbm)
-    _check_ids("d2h destination (DRAM)", d_dst, num_dram)
-    if not hazards:
-        return
-    for name, dst, src, pool in (("h2d", h_dst, d_src, num_hbm), ("d2h", d_dst, h_src, num_dram)):
-        written = np.zeros(pool, dtype=bool)
-        written[dst] = True
-        if int(np.count_nonzero(written)) != len(dst):
-            raise ValueError(f"{name} writes one destination block twice in one submit")
-        if written[src].any():
-            where = "an HBM" if name == "h2d" else "a DRAM"
-            raise ValueError(f"{where} block is written by {name} and read by the other direction")
 
 
 def _load_runtime() -> Any:
@@ -152,11 +103,16 @@ class _Cuda:
             return None
         return ret[1] if len(ret) == 2 else ret[1:]
 
-    def new_event(self) -> Any:
-        return self.check(
-            self.rt.cudaEventCreateWithFlags(self.rt.cudaEventDisableTiming),
-            "cudaEventCreateWithFlags",
-        )
+    def new_event(self, timing: bool = False) -> Any:
+        flags = self.rt.cudaEventDefault if timing else self.rt.cudaEventDisableTiming
+        return self.check(self.rt.cudaEventCreateWithFlags(flags), "cudaEventCreateWithFlags")
+
+    def elapsed_s(self, start: Any, end: Any) -> float | None:
+        """Seconds between two completed timing events; None when CUDA cannot tell."""
+        ret = self.rt.cudaEventElapsedTime(start, end)
+        if not isinstance(ret, tuple) or len(ret) < 2 or ret[0] != self.success:
+            return None
+        return float(ret[1]) / 1e3
 
     def record(self, event: Any, stream: Any) -> None:
         self.check(self.rt.cudaEventRecord(event, stream), "cudaEventRecord")
@@ -166,13 +122,25 @@ class _Cuda:
 
 
 class CudaTransferHandle(TransferHandle):
-    """A CUDA event recorded after one direction's batch; owns (and destroys) the event."""
+    """A CUDA event recorded after one direction's batch; owns (and destroys) the event.
 
-    __slots__ = ("_cuda", "_done", "_event")
+    With ``start`` (a timing event recorded before the batch) and ``on_timed``, the batch's
+    device time in seconds is passed to ``on_timed`` once, when the batch is first seen done.
+    """
 
-    def __init__(self, cuda: _Cuda, event: Any) -> None:
+    __slots__ = ("_cuda", "_done", "_event", "_on_timed", "_start")
+
+    def __init__(
+        self,
+        cuda: _Cuda,
+        event: Any,
+        start: Any | None = None,
+        on_timed: Callable[[float], None] | None = None,
+    ) -> None:
         self._cuda = cuda
         self._event = event
+        self._start = start
+        self._on_timed = on_timed
         self._done = False
 
     def done(self) -> bool:
@@ -183,7 +151,7 @@ class CudaTransferHandle(TransferHandle):
         if err == self._cuda.not_ready:
             return False
         self._cuda.check(ret, "cudaEventQuery")
-        self._done = True
+        self._finish()
         return True
 
     def wait(self) -> None:
@@ -191,7 +159,15 @@ class CudaTransferHandle(TransferHandle):
             self._cuda.check(
                 self._cuda.rt.cudaEventSynchronize(self._event), "cudaEventSynchronize"
             )
-            self._done = True
+            self._finish()
+
+    def _finish(self) -> None:
+        self._done = True
+        on_timed, self._on_timed = self._on_timed, None
+        if on_timed is not None and self._start is not None:
+            seconds = self._cuda.elapsed_s(self._start, self._event)
+            if seconds is not None:
+                on_timed(seconds)
 
     def wait_on_stream(self, stream: int | Any) -> None:
         """Make ``stream`` (e.g. ``torch.cuda.current_stream().cuda_stream``) wait for this
@@ -201,8 +177,10 @@ class CudaTransferHandle(TransferHandle):
     def __del__(self) -> None:
         # Destroying a pending event is legal (CUDA frees it once it completes); at interpreter
         # shutdown the runtime may already be gone.
-        with contextlib.suppress(Exception):
-            self._cuda.rt.cudaEventDestroy(self._event)
+        for event in (self._event, self._start):
+            if event is not None:
+                with contextlib.suppress(Exception):
+                    self._cuda.rt.cudaEventDestroy(event)
 
 
 class CudaTransferEngine(TransferEngine):
@@ -211,6 +189,8 @@ class CudaTransferEngine(TransferEngine):
     ``order_after_current_stream``: each submit's copies start only after the work already
     queued on torch's current stream (KV writes to be saved, reads of blocks to be overwritten).
     ``check_hazards``: reject submits whose two directions touch the same block.
+    ``measure_link``: time each batch with CUDA events for :attr:`meter` (two timing events per
+    direction per submit instead of one event without timing).
     ``runtime``: a stand-in for ``cuda.bindings.runtime`` (tests); skips the device checks.
     """
 
@@ -224,6 +204,7 @@ class CudaTransferEngine(TransferEngine):
         order_after_current_stream: bool = True,
         prefer_overlap_with_compute: bool = False,
         check_hazards: bool = True,
+        measure_link: bool = True,
         runtime: Any | None = None,
     ) -> None:
         super().__init__(hbm, dram)
@@ -237,6 +218,7 @@ class CudaTransferEngine(TransferEngine):
         self._set_device()
         self._order = order_after_current_stream
         self._check_hazards = check_hazards
+        self._measure = measure_link
         self._hbm_base, self._dram_base = hbm.data_ptr(), dram.data_ptr()
         self._attrs = [self._batch_attrs(prefer_overlap_with_compute)]
         self.stats.batched = self._batch_available()
@@ -284,8 +266,8 @@ class CudaTransferEngine(TransferEngine):
         self._set_device()
         if self._order and (h2d or d2h):
             self._after_current_stream(bool(h2d), bool(d2h))
-        h = self._issue(h2d_ids, self._dram_base, self._hbm_base, self.h2d_stream)
-        d = self._issue(d2h_ids, self._hbm_base, self._dram_base, self.d2h_stream)
+        h = self._issue(H2D, h2d_ids, self._dram_base, self._hbm_base, self.h2d_stream)
+        d = self._issue(D2H, d2h_ids, self._hbm_base, self._dram_base, self.d2h_stream)
         self.stats.last_enqueue_s = time.perf_counter() - t0
         self.stats.enqueue_s += self.stats.last_enqueue_s
         return h, d
@@ -298,20 +280,36 @@ class CudaTransferEngine(TransferEngine):
                 self._cuda.stream_wait(stream, self._order_event)
 
     def _issue(
-        self, ids: tuple[np.ndarray, np.ndarray], src_base: int, dst_base: int, stream: Any
+        self,
+        direction: str,
+        ids: tuple[np.ndarray, np.ndarray],
+        src_base: int,
+        dst_base: int,
+        stream: Any,
     ) -> CudaTransferHandle | None:
         if len(ids[0]) == 0:
             return None
         runs = merge_runs_array(*ids)
         self._count_segments(runs[:, 2].tolist())
         srcs, dsts, sizes = build_segments(runs, src_base, dst_base, self.block_bytes)
-        if self.stats.batched:
-            self._copy_batched(srcs, dsts, sizes, stream)
-        else:
-            self._copy_each(srcs, dsts, sizes, stream)
-        event = self._cuda.new_event()
+        start = self._cuda.new_event(timing=True) if self._measure else None
+        try:
+            if start is not None:
+                self._cuda.record(start, stream)  # completes when the stream reaches the batch
+            if self.stats.batched:
+                self._copy_batched(srcs, dsts, sizes, stream)
+            else:
+                self._copy_each(srcs, dsts, sizes, stream)
+        except BaseException:
+            if start is not None:
+                self._cuda.rt.cudaEventDestroy(start)
+            raise
+        event = self._cuda.new_event(timing=self._measure)
         self._cuda.record(event, stream)
-        return CudaTransferHandle(self._cuda, event)
+        if start is None:
+            return CudaTransferHandle(self._cuda, event)
+        on_timed = partial(self.meter.record, direction, len(ids[0]) * self.block_bytes)
+        return CudaTransferHandle(self._cuda, event, start, on_timed)
 
     def _copy_batched(
         self, srcs: np.ndarray, dsts: np.ndarray, sizes: np.ndarray, stream: Any

@@ -175,6 +175,21 @@ def empty_columns() -> RequestColumns:
     )
 
 
+def concat_columns(parts: Sequence[RequestColumns]) -> RequestColumns:
+    """The parts' rows one after the other (request ids as one list)."""
+    parts = [part for part in parts if len(part)]
+    if len(parts) <= 1:
+        return parts[0] if parts else empty_columns()
+    request_ids: list[str] = []
+    for part in parts:
+        request_ids.extend(part.request_ids)
+    arrays: dict[str, Any] = {
+        name: np.concatenate([getattr(part, name) for part in parts])
+        for name in ("states", *FLOAT_FIELDS, *INT_FIELDS, "resident")
+    }
+    return RequestColumns(request_ids=request_ids, **arrays)
+
+
 def views_from_columns(columns: RequestColumns) -> tuple[RequestView, ...]:
     """One :class:`RequestView` per row (NaN -> None), for the policies that walk views."""
 

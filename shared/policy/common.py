@@ -44,6 +44,19 @@ def growth_blocks(view: RequestView, snapshot: Snapshot) -> int:
     return max(0, need - view.num_blocks_hbm)
 
 
+def split_snapshot(
+    snapshot: Snapshot,
+) -> tuple[list[RequestView], list[RequestView], list[RequestView]]:
+    """(running, waiting, rotary) in snapshot order: slices when the snapshot says how its
+    requests are grouped (``partition``), else one pass over them."""
+    if snapshot.partition is None:
+        return split_by_state(snapshot.requests)
+    num_running, num_waiting = snapshot.partition
+    requests = snapshot.requests
+    split = num_running + num_waiting
+    return list(requests[:num_running]), list(requests[num_running:split]), list(requests[split:])
+
+
 def split_by_state(
     views: Iterable[RequestView],
 ) -> tuple[list[RequestView], list[RequestView], list[RequestView]]:

@@ -5,10 +5,11 @@ order). Waiting and rotary requests have VLT >= 0 and running ones VLT <= 0, so 
 (step 3) only ever takes waiting/rotary requests and the tail scan (step 4) only running ones:
 each scan ranks only its own part of L, which keeps the planner cheap at thousands of requests.
 
-This version walks :class:`RequestView` objects (the engine's in-process snapshot; fastest for
+This version walks :class:`RequestView` objects (the worker's in-process snapshot; fastest for
 the small snapshots of most iterations). ``shared/policy/lvf_columnar.py`` makes the same plans
-over numpy columns (the control plane's snapshots); a change to one must be made to the other
-(tests/shared/test_policy_columnar.py compares them on random snapshots).
+over numpy columns (the control plane's snapshots, and the simulator's engine, whose queues
+reach thousands); a change to one must be made to the other (tests/shared/
+test_policy_columnar.py compares them on random snapshots).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from shared.policy.common import pack_schedule, split_by_state
+from shared.policy.common import pack_schedule, split_snapshot
 from shared.policy.types import Plan, RequestState, Snapshot
 
 
@@ -32,7 +32,7 @@ def fit_plan(
         resume_ids=valid(resume_ids, RequestState.ROTARY, taken),
         admit_ids=valid(admit_ids, RequestState.WAITING, taken),
     )
-    running, _, _ = split_by_state(snapshot.requests)
+    running, _, _ = split_snapshot(snapshot)
     leaving = set(plan.preempt_ids) | set(plan.rotate_out_ids)
     keep = [v for v in running if v.request_id not in leaving]
     room = max(0, snapshot.max_num_seqs - len(keep))

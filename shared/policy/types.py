@@ -58,6 +58,16 @@ class Snapshot:
     max_num_seqs: int
     b_xfer_blocks: int = 0  # blocks the transfer engine may move this iteration
     iteration: int = 0
+    # (num_running, num_waiting) when ``requests`` are grouped running, then waiting, then
+    # rotary (the engine's snapshots are): the policies split by slicing instead of walking
+    # every request (thousands wait in overload). None: any order.
+    partition: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.partition is not None:
+            num_running, num_waiting = self.partition
+            if num_running < 0 or num_waiting < 0 or num_running + num_waiting > len(self.requests):
+                raise ValueError(f"partition {self.partition} does not fit the requests")
 
 
 @dataclass(frozen=True, slots=True)

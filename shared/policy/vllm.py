@@ -22,7 +22,7 @@ from shared.policy.common import (
     demand_blocks,
     is_decode,
     pack_schedule,
-    split_by_state,
+    split_snapshot,
 )
 from shared.policy.types import Plan, RequestView, ScheduledChunk, Snapshot
 
@@ -43,7 +43,7 @@ def vllm(
     first, in arrival order, and admits nobody new. A rotated-out victim's blocks are only free
     after its D2H copy, so the batch of a step that rotated out is re-packed without them.
     """
-    running, waiting, rotary = split_by_state(snapshot.requests)
+    running, waiting, rotary = split_snapshot(snapshot)
     if order_key is not None:
         waiting.sort(key=order_key)
     plan = Plan()

@@ -4,6 +4,7 @@ engine's, the worker survives a control-plane crash, redelivery, malformed messa
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import replace
 from functools import partial
@@ -13,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from redis.asyncio import Redis
 
-from control_plane.service import ControlPlane
+from control_plane.service import ControlPlane, resolve_b_xfer
 from control_plane.settings import ControlPlaneSettings
 from data_plane.engine.config import EngineConfig
 from data_plane.engine.llm import build_engine, generate
@@ -24,9 +25,16 @@ from data_plane.service import Worker
 from data_plane.settings import WorkerSettings
 from shared import streams
 from shared.knobs import write_knobs
-from shared.policy import RequestState, RequestView, Snapshot
-from shared.protocol import StateSnapshot, SubmitRequest, TokenOutput, decode, encode
-from shared.protocol.convert import rows_from_table
+from shared.policy import Knobs, RequestState, RequestView, Snapshot
+from shared.protocol import (
+    RotationPlan,
+    StateSnapshot,
+    SubmitRequest,
+    TokenOutput,
+    decode,
+    encode,
+)
+from shared.protocol.convert import rows_from_table, table_from_rows
 from tests.redis_support import redis_url
 
 REPLY = "superinfer:gateway:test:outputs"
@@ -169,6 +177,11 @@ async def test_token_streams_equal_offline_with_lvf_rotation(
     status = services.worker._status(time.time())  # what the next heartbeat publishes
     await services.stop()
     assert [tokens[f"req-{i}"] for i in range(len(prompts))] == offline
+    snapshots = [
+        decode(fields[b"m"], StateSnapshot)
+        for _, fields in await redis_client.xrange(streams.SNAPSHOTS_STREAM)
+    ]
+    assert max(m.link_bytes_per_s for m in snapshots) > 0  # the copies' measured bandwidth
     engine = services.worker.engine
     assert services.worker.planner.num_remote > 0
     assert engine.stats.num_rotations_out + engine.stats.num_preemptions > 0
@@ -292,6 +305,64 @@ async def test_one_control_plane_steers_two_workers(
     await first.stop()
     assert [tokens[f"req-{i}"] for i in range(6)] == offline
     assert first.worker.planner.num_remote > 0 and second.worker.planner.num_remote > 0
+
+
+def _state_snapshot(link_bytes_per_s: float, iteration_time_s: float) -> StateSnapshot:
+    return StateSnapshot(
+        "w0", "e1", 7, 1.0, table_from_rows([]), 10, 20, 30, 40, 16, 2 << 20, 2048, 256, 64,
+        iteration_time_s, link_bytes_per_s, "remote",
+    )  # fmt: skip
+
+
+def test_resolve_b_xfer_auto_uses_the_measured_link() -> None:
+    auto, fixed = Knobs(b_xfer=None), Knobs(b_xfer=300)
+    block = 2 << 20
+    for rate, t in ((5e10, 0.05), (1.8e11, 0.028), (3e9, 0.0011), (7.7e9, 0.013)):
+        msg = _state_snapshot(rate, t)
+        assert resolve_b_xfer(auto, msg) == max(1, math.floor(rate * t / block))
+        assert resolve_b_xfer(fixed, msg) == 300
+    assert resolve_b_xfer(auto, _state_snapshot(5e10, 0.05)) == 1192  # 2.5e9 B / 2 MiB
+    assert resolve_b_xfer(auto, _state_snapshot(0.0, 0.05)) == 64  # unmeasured: its budget
+    assert resolve_b_xfer(auto, _state_snapshot(1e6, 0.001)) == 1  # at least one block
+
+
+async def test_measured_link_reaches_snapshots_and_auto_plans(
+    redis_client, stories_setup, stories_path
+) -> None:
+    """A worker with a DRAM tier reports the bandwidth its copies measured (eager syncs move
+    KV from the first full block on), and with ``B_xfer=auto`` each plan's budget is that
+    bandwidth x the snapshot's iteration time."""
+    prompts, offline = stories_setup
+    await write_knobs(redis_client, {"policy": "lvf", "slo_ttft_s": 0.05, "b_xfer": "auto"})
+    services = Services(redis_client, _worker_settings(stories_path))
+    services.start_control_plane()
+    await _push(redis_client, [_submit(i, p) for i, p in enumerate(prompts[:3])])
+    tokens = await _collect(redis_client, {f"req-{i}" for i in range(3)})
+    block = services.worker.block_bytes
+    await services.stop()
+    assert [tokens[f"req-{i}"] for i in range(3)] == offline[:3]
+    snapshots = {}
+    for _, fields in await redis_client.xrange(streams.SNAPSHOTS_STREAM):
+        msg = decode(fields[b"m"], StateSnapshot)
+        snapshots[msg.iteration] = msg
+    assert snapshots and max(m.link_bytes_per_s for m in snapshots.values()) > 0
+    plans = [
+        decode(fields[b"m"], RotationPlan)
+        for _, fields in await redis_client.xrange(streams.worker_plans_stream("w0"))
+    ]
+    checked = [p for p in plans if p.snapshot_iteration in snapshots]
+    assert checked, "no plan for a snapshot still in the stream"
+    for plan in checked:
+        msg = snapshots[plan.snapshot_iteration]
+        expected = msg.b_xfer_blocks  # nothing measured yet: the worker's own budget
+        if msg.link_bytes_per_s > 0:
+            expected = max(1, math.floor(msg.link_bytes_per_s * msg.iteration_time_s / block))
+        assert msg.block_bytes == block and plan.b_xfer_blocks == expected
+    assert any(snapshots[p.snapshot_iteration].link_bytes_per_s > 0 for p in checked)
+    link = max(m.link_bytes_per_s for m in snapshots.values())
+    print(
+        f"link {link / 1e9:.2f} GB/s, block {block} B, budgets {[p.b_xfer_blocks for p in checked]}"
+    )
 
 
 def test_a_snapshot_that_cannot_travel_is_skipped_not_fatal() -> None:

@@ -20,9 +20,10 @@ from data_plane.sim import (
     naive_link,
     run_simulation,
     simulate,
+    simulator,
 )
 from data_plane.sim.cli import add_simulate_arguments, run_simulate
-from data_plane.sim.setup import build_parts
+from data_plane.sim.setup import SimParts, build_parts
 from data_plane.transfer.base import BlockCopy
 from shared.costmodel import iteration_time_s, load_profile, transfer_time_s
 from shared.policy import POLICY_NAMES, Knobs
@@ -88,6 +89,27 @@ def test_lvf_rotates_through_dram_and_respects_the_budget() -> None:
     assert result.row["bytes_h2d"] > 0 and result.row["bytes_d2h"] > 0
     assert 0 < result.max_blocks_per_iteration <= 64
     _assert_complete_and_clean(result, trace)
+
+
+def test_engine_columns_make_the_same_lvf_run_as_views(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine hands LVF columns (waiting queue kept as arrays, numpy LVF); a run on views
+    (the object LVF) makes the same decisions, token for token."""
+    trace = _trace(20, 2)
+    setup = SimSetup(GH200, hbm_kv_gib=0.5, dram_kv_gib=4.0, b_xfer=64)
+    on_columns = run_simulation(trace, "lvf", Knobs(), setup)
+
+    def on_views(*args: object) -> SimParts:
+        parts = build_parts(*args)  # type: ignore[arg-type]
+        assert parts.engine.columnar
+        parts.engine.columnar = False
+        return parts
+
+    monkeypatch.setattr(simulator, "build_parts", on_views)
+    views = run_simulation(trace, "lvf", Knobs(), setup)
+    assert on_columns.row["rotations"] > 0 and on_columns.row["preemptions"] >= 0
+    assert on_columns.row == views.row
+    assert on_columns.num_iterations == views.num_iterations
+    assert on_columns.timelines == views.timelines
 
 
 def test_auto_budget_follows_the_last_iteration() -> None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import ctypes
 import random
+import time
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from data_plane.transfer.base import BlockCopy, merge_runs
+from data_plane.transfer.base import D2H, H2D, BlockCopy, merge_runs
 from data_plane.transfer.cuda import (
     CudaTransferEngine,
     build_segments,
@@ -104,7 +105,10 @@ def test_import_and_construct_without_cuda() -> None:
 
 class FakeRuntime:
     """Stream-ordered stand-in for cuda.bindings.runtime: copies are queued per stream and run
-    (memmove) when an event recorded after them is synchronized."""
+    (memmove) when an event recorded after them is synchronized. Two timing events recorded on
+    one stream with copies between them are ``ELAPSED_MS`` apart."""
+
+    ELAPSED_MS = 0.5
 
     def __init__(self, batch: str = "ok") -> None:
         from cuda.bindings import runtime
@@ -113,6 +117,8 @@ class FakeRuntime:
         self.batch = batch  # "ok", "ok12" (CUDA 12.8 return shape), "unsupported", "missing"
         self.streams: dict[int, list[tuple[int, int, int] | None]] = {}
         self.events: dict[int, tuple[int, int] | None] = {}
+        self.timing: dict[int, bool] = {}  # event -> created without cudaEventDisableTiming
+        self.elapsed_calls = 0
         self.batch_calls: list[int] = []
         self.memcpy_calls = 0
 
@@ -143,7 +149,19 @@ class FakeRuntime:
     def cudaEventCreateWithFlags(self, flags: int) -> tuple[Any, ...]:
         handle = 1000 + len(self.events)
         self.events[handle] = None
+        self.timing[handle] = not int(flags) & int(self._rt.cudaEventDisableTiming)
         return self._ok(handle)
+
+    def cudaEventElapsedTime(self, start: int, end: int) -> tuple[Any, ...]:
+        self.elapsed_calls += 1
+        if not (self.timing[start] and self.timing[end]):
+            return (self._rt.cudaError_t.cudaErrorInvalidResourceHandle,)
+        if self._pending(start) or self._pending(end):
+            return (self._rt.cudaError_t.cudaErrorNotReady,)
+        first, last = self.events[start], self.events[end]
+        assert first is not None and last is not None, "both events must be recorded"
+        assert first[0] == last[0] and first[1] < last[1], "start must precede the copies"
+        return self._ok(self.ELAPSED_MS)
 
     def cudaEventDestroy(self, event: int) -> tuple[Any, ...]:
         return self._ok()
@@ -266,6 +284,38 @@ def test_engine_falls_back_without_batch_api() -> None:
     assert torch.equal(_bits(hbm[9]), _bits(dram[5]))
 
 
+def test_engine_times_each_batch_with_events() -> None:
+    rt = _fake("ok")
+    hbm, dram = _pools(64, 64)
+    engine = CudaTransferEngine(hbm, dram, order_after_current_stream=False, runtime=rt)
+    assert engine.link_bytes_per_s == 0.0
+    h, d = engine.submit(*_round_trip_case())
+    assert h is not None and d is not None
+    assert not h.done() and engine.meter.num_batches == 0  # timed once seen done, not before
+    h.wait()
+    d.wait()
+    assert h.done() and d.done()
+    assert rt.elapsed_calls == 2 and engine.meter.num_batches == 2  # once per handle
+    expected = 24 * engine.block_bytes / (FakeRuntime.ELAPSED_MS / 1e3)
+    assert engine.meter.bytes_per_s(H2D) == pytest.approx(expected)
+    assert engine.meter.bytes_per_s(D2H) == pytest.approx(expected)
+    assert engine.link_bytes_per_s == pytest.approx(expected)
+    engine.close()
+
+
+def test_engine_without_link_measurement_makes_no_timing_events() -> None:
+    rt = _fake("ok")
+    hbm, dram = _pools(16, 16)
+    engine = CudaTransferEngine(
+        hbm, dram, order_after_current_stream=False, measure_link=False, runtime=rt
+    )
+    h, _ = engine.submit([BlockCopy(0, 3)], [])
+    assert h is not None
+    h.wait()
+    assert not any(rt.timing.values()) and rt.elapsed_calls == 0
+    assert engine.link_bytes_per_s == 0.0
+
+
 # --- real device ----------------------------------------------------------------------------
 
 
@@ -318,4 +368,31 @@ def test_cuda_orders_after_current_stream() -> None:
     assert d is not None
     d.wait()
     assert torch.all(dram[2] == 3.0)
+    engine.close()
+
+
+@pytest.mark.gpu
+def test_cuda_measures_link_bandwidth() -> None:
+    block = (4, 2, 16, 8, 128)  # 256 KiB per bf16 block
+    hbm = torch.zeros(512, *block, device="cuda", dtype=torch.bfloat16)
+    dram = torch.zeros(512, *block, dtype=torch.bfloat16).pin_memory()
+    engine = CudaTransferEngine(hbm, dram)
+    assert engine.link_bytes_per_s == 0.0
+    ids = _scattered(512, 512, seed=5)
+    h2d = [BlockCopy(s, d) for s, d in zip(ids[:256], ids[:256], strict=True)]
+    d2h = [BlockCopy(s, d) for s, d in zip(ids[256:], ids[256:], strict=True)]
+    num_bytes = 256 * engine.block_bytes  # 64 MiB each way
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    h, d = engine.submit(h2d, d2h)
+    assert h is not None and d is not None
+    while not h.done():  # one handle seen done by polling, the other by waiting
+        pass
+    d.wait()
+    elapsed = time.perf_counter() - t0
+    rates = engine.meter.bytes_per_s(H2D), engine.meter.bytes_per_s(D2H)
+    print(f"measured H2D {rates[0] / 1e9:.1f} GB/s, D2H {rates[1] / 1e9:.1f} GB/s")
+    for rate in rates:  # device busy time within the host's wall time; below 10 TB/s
+        assert num_bytes / elapsed <= rate < 1e13
+    assert engine.link_bytes_per_s == min(rates)
     engine.close()
