@@ -143,6 +143,10 @@ class Dispatcher:
                 self.num_malformed += 1
             else:
                 self._route(msg)
+        if response:
+            # The responses just handed a message run first: their chunks go out before this
+            # task's next XREAD (a write that wakes Redis) and before this task runs again.
+            await asyncio.sleep(0)
 
     def _route(self, msg: TokenOutput) -> None:
         handle = self.handles.get(msg.request_id)

@@ -104,11 +104,9 @@ class Generation:
         handle = self.handle
         timeout_s = self.service.settings.token_timeout_s
         try:
-            async with asyncio.timeout(timeout_s):
-                msg = await handle.outputs.get()
-        except TimeoutError:
-            message = f"no output from the worker in {timeout_s:g} s"
-            raise APIError(504, message, code="worker_timeout") from None
+            msg = handle.outputs.get_nowait()  # no timer when an output is already waiting
+        except asyncio.QueueEmpty:
+            msg = await self._wait_output(timeout_s)
         if handle.failure is not None:
             raise handle.failure
         if handle.overflowed:
@@ -119,6 +117,14 @@ class Generation:
             failed = msg.index > 0 or msg.error.startswith("engine error")
             raise APIError(500 if failed else 400, msg.error, code="worker_error")
         return msg
+
+    async def _wait_output(self, timeout_s: float) -> TokenOutput:
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self.handle.outputs.get()
+        except TimeoutError:
+            message = f"no output from the worker in {timeout_s:g} s"
+            raise APIError(504, message, code="worker_timeout") from None
 
     def _apply(self, msg: TokenOutput) -> Delta:
         now = time.time()

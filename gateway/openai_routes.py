@@ -8,23 +8,22 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
-from starlette.types import Receive, Scope, Send
 
 from gateway.auth import bearer, lookup_api_key
 from gateway.chat import ChatTemplateError
 from gateway.errors import APIError
 from gateway.generation import Generation, GenerationParams
 from gateway.openai_models import ChatCompletionRequest, CompletionRequest, SamplingFields
+from gateway.sse import DONE, ChunkBuilder, ChunkFormat, SseResponse
 from gateway.state import GatewayState
 
 router = APIRouter()
-ChunkBuilder = Callable[[str, str | None], dict[str, Any]]
 
 
 def _state(request: Request) -> GatewayState:
@@ -53,7 +52,7 @@ async def list_models(request: Request) -> dict[str, Any]:
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(
     body: ChatCompletionRequest, request: Request
-) -> JSONResponse | StreamingResponse:
+) -> JSONResponse | SseResponse:
     state = _state(request)
     _unsupported(body, logprobs=bool(body.logprobs))
     try:
@@ -80,9 +79,7 @@ async def chat_completions(
 
 
 @router.post("/v1/completions", response_model=None)
-async def completions(
-    body: CompletionRequest, request: Request
-) -> JSONResponse | StreamingResponse:
+async def completions(body: CompletionRequest, request: Request) -> JSONResponse | SseResponse:
     state = _state(request)
     _unsupported(body, logprobs=body.logprobs is not None)
     if body.echo or body.suffix or (body.best_of or 1) > 1:
@@ -259,45 +256,25 @@ def _sse(
     build: ChunkBuilder,
     body: SamplingFields,
     first: dict[str, Any] | None,
-) -> StreamingResponse:
+) -> SseResponse:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    chunks = ChunkFormat(build, include_usage)
 
-    def event(chunk: dict[str, Any]) -> str:
-        if include_usage and "usage" not in chunk:
-            chunk["usage"] = None
-        # ASCII-only JSON: no U+2028, U+0085... that line-splitting clients would cut at.
-        return f"data: {json.dumps(chunk)}\n\n"
-
-    async def events() -> AsyncIterator[str]:
+    async def events() -> AsyncIterator[bytes]:
         try:
             if first is not None:
                 chunk = build("", None)
                 chunk["choices"][0]["delta"] = first
-                yield event(chunk)
+                yield chunks.event(chunk)
             async for delta in generation.deltas():
                 if delta.text or delta.finish_reason:
-                    yield event(build(delta.text, delta.finish_reason))
+                    yield chunks.delta(delta.text, delta.finish_reason)
             if include_usage:
                 final = build("", None)
-                yield event({**final, "choices": [], "usage": _usage(generation)})
+                yield chunks.event({**final, "choices": [], "usage": _usage(generation)})
         except APIError as exc:
-            yield f"data: {json.dumps(exc.body())}\n\n"
-        yield "data: [DONE]\n\n"
+            yield f"data: {json.dumps(exc.body())}\n\n".encode()
+        yield DONE
 
     headers = {"x-request-id": generation.request_id, "cache-control": "no-cache"}
-    return _GenerationStream(generation, events(), media_type="text/event-stream", headers=headers)
-
-
-class _GenerationStream(StreamingResponse):
-    """SSE that always ends its generation, even when the client left before the first byte
-    (then the event generator never starts and its own cleanup never runs)."""
-
-    def __init__(self, generation: Generation, content: AsyncIterator[str], **kwargs: Any) -> None:
-        super().__init__(content, **kwargs)
-        self.generation = generation
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.generation.service.finish(self.generation)
+    return SseResponse(events(), headers, lambda: generation.service.finish(generation))

@@ -211,7 +211,15 @@ def _join_and_pack(
     request is resumed now if its blocks fit in what is left of it (the H2D copy needs free
     HBM; rotated-out blocks only come free after their D2H copy) and its own rotate-out copy
     is done (it holds no HBM block any more); otherwise it stays rotary and is chosen again
-    next iteration. A chosen waiting request that fits reserves its blocks.
+    next iteration. One that waits for room holds it: no request ranked below it acts this
+    iteration (else smaller waiting requests take the room first, iteration after
+    iteration, and a long rotary request parked in a full DRAM never comes back). A chosen
+    waiting request that fits reserves its blocks.
+
+    Recompute victims (HBM short for the running requests' growth, DRAM full) free their
+    blocks for that growth: as in vLLM, nobody joins in a step that preempted by recompute
+    (else a newcomer takes the blocks and the next step preempts again, a long request's KV
+    thrown away each time).
 
     The batch (the remaining running requests, then the chosen waiting ones) may use the free
     HBM plus the preempted requests' blocks (freed at once) less the resumes'. A chosen
@@ -226,13 +234,17 @@ def _join_and_pack(
         leaving |= preempted
         freed = sum(v.num_blocks_hbm for v in running if v.request_id in preempted)
         free, room = free + freed, room + freed
+        chosen = []  # as in vLLM, a step that preempted by recompute lets nobody in
     joining: list[RequestView] = []
     for view in chosen:
         blk = -(-view.num_tokens // bs)
         if view.state is _ROTARY:
-            if blk <= room and not view.num_blocks_hbm:  # else its rotate-out is in flight
-                plan.resume_ids.append(view.request_id)
-                free, room = free - blk, room - blk
+            if view.num_blocks_hbm:  # its rotate-out is still in flight: next time
+                continue
+            if blk > room:  # it waits for room; nobody ranked below takes that room
+                break
+            plan.resume_ids.append(view.request_id)
+            free, room = free - blk, room - blk
         else:
             joining.append(view)
             if blk <= room:

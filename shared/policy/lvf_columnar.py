@@ -211,13 +211,19 @@ def _join_and_pack(
     if len(preempted):
         freed = int(columns.num_blocks_hbm[preempted].sum())
         free, room = free + freed, room + freed
+        chosen = _EMPTY  # as in vLLM, a step that preempted by recompute lets nobody in
     is_rotary = columns.states[chosen] == ROTARY_CODE
     can_act = ~is_rotary | (columns.num_blocks_hbm[chosen] == 0)
     acting = np.flatnonzero(can_act)
     fitted, _ = greedy_take(blk[chosen[acting]], room, len(acting), stop_at_zero=False)
-    resumed = chosen[acting[fitted][is_rotary[acting[fitted]]]]
+    taken = np.zeros(len(acting), np.bool_)
+    taken[fitted] = True
+    blocked = np.flatnonzero(is_rotary[acting] & ~taken)  # rotary requests waiting for room
+    cut = int(acting[blocked[0]]) if len(blocked) else len(chosen)  # the first holds the rest
+    taken[acting >= cut] = False
+    resumed = chosen[acting[taken & is_rotary[acting]]]
     free -= int(blk[resumed].sum())
-    joining = chosen[~is_rotary]
+    joining = chosen[:cut][~is_rotary[:cut]]
     keep = running
     if len(rotated) or len(preempted):
         leaves = np.zeros(len(columns), np.bool_)

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from shared.policy import Knobs, RequestState, RequestView, Snapshot, make_plan
+from shared.policy import (
+    Knobs,
+    RequestState,
+    RequestView,
+    Snapshot,
+    columnar_from_snapshot,
+    make_plan,
+)
 from shared.policy.common import growth_blocks, make_chunk, pack_schedule
 from shared.policy.lvf import _head_scan
 from shared.policy.types import ScheduledChunk
@@ -354,3 +361,24 @@ def test_min_residency_spares_recently_resumed_requests() -> None:
     paper = make_plan(snapshot, Knobs(policy="lvf"))
     assert spared.rotate_out_ids == ["old"]
     assert paper.rotate_out_ids == ["old", "fresh"]
+
+
+def test_a_rotary_request_waiting_for_room_holds_it_against_lower_ranks() -> None:
+    # r lags most (VLT 3 x 9.5); its 8 blocks are within B_left (2 free + 10 budget) but not
+    # within B_HBM: with DRAM full nothing rotates out, so r waits for room. w ranks below r
+    # and would fit the 2 free blocks: it must not take them (else r never comes back)
+    x = running("x", t_run=9.0, blocks=4, t_last=9.9)
+    r = rotary("r", t_last=0.5, blocks=8, seq=1)
+    w = waiting("w", t_arr=0.0, blocks=2, seq=2)
+    snapshot = snap(x, r, w, free=2, xfer=10, dram=0)
+    plan = make_plan(snapshot, LVF)
+    assert not plan.fcfs_fallback
+    assert plan.resume_ids == [] and plan.admit_ids == [] and plan.rotate_out_ids == []
+    assert ids(plan.schedule) == ["x"]
+    check_plan(snapshot, plan)
+    assert make_plan(columnar_from_snapshot(snapshot), LVF) == plan  # the numpy LVF agrees
+    # with room for r, r comes back and w (ranked below, fitting what is left) joins too
+    roomy = snap(x, r, w, free=11, xfer=10, dram=0)
+    plan = make_plan(roomy, LVF)
+    assert plan.resume_ids == ["r"] and plan.admit_ids == ["w"]
+    check_plan(roomy, plan)
