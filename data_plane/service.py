@@ -123,16 +123,20 @@ class Worker:
         await self._publish(outputs, iteration_time_s)
 
     def _auto_b_xfer(self, iteration_time_s: float) -> None:
-        """Planning locally with ``B_xfer=auto``: set the budget the control plane would send
-        (measured link bandwidth x this iteration's time, in blocks; unchanged while nothing
-        is measured). Remote plans carry their own budget, applied in :meth:`_read_plans`."""
+        """Planning locally: set the budget the control plane would send, the knobs' fixed
+        B_xfer or, with ``auto``, measured link bandwidth x this iteration's time in blocks
+        (unchanged while nothing is measured). Remote plans carry their own budget, applied
+        in :meth:`_read_plans`."""
         kv = self.engine.kv
-        if self.planner.source != "local" or self.planner.knobs.b_xfer is not None:
+        if self.planner.source != "local" or not isinstance(kv, TieredKVCacheManager):
             return
-        if isinstance(kv, TieredKVCacheManager):
-            kv.b_xfer_blocks = measured_b_xfer_blocks(
-                kv.link_bytes_per_s, iteration_time_s, self.block_bytes, kv.b_xfer_blocks
-            )
+        fixed = self.planner.knobs.b_xfer
+        if fixed is not None:
+            kv.b_xfer_blocks = max(1, fixed)
+            return
+        kv.b_xfer_blocks = measured_b_xfer_blocks(
+            kv.link_bytes_per_s, iteration_time_s, self.block_bytes, kv.b_xfer_blocks
+        )
 
     async def _ensure_group(self) -> None:
         try:

@@ -163,9 +163,11 @@ def test_worker_planning_locally_with_auto_uses_the_measured_rate() -> None:
     assert kv.b_xfer_blocks == 64  # nothing measured yet: keeps its budget
     kv.transfer.meter.record(H2D, 1000 * block_bytes, 0.1)  # 10,000 blocks/s
     kv.transfer.meter.record(D2H, 1000 * block_bytes, 0.2)  # 5,000 blocks/s: the slower
-    for source, b_xfer in (("remote", None), ("local", 300)):  # plans or a fixed knob decide
-        Worker._auto_b_xfer(_worker(kv, source, b_xfer), 0.01)  # type: ignore[arg-type]
-        assert kv.b_xfer_blocks == 64
+    Worker._auto_b_xfer(_worker(kv, "remote", None), 0.01)  # type: ignore[arg-type]
+    assert kv.b_xfer_blocks == 64  # remote plans carry their own budget
+    Worker._auto_b_xfer(_worker(kv, "local", 300), 0.01)  # type: ignore[arg-type]
+    assert kv.b_xfer_blocks == 300  # planning locally with a fixed knob: the knob
+    kv.b_xfer_blocks = 64
     Worker._auto_b_xfer(_worker(kv, "local", None), 0.01)  # type: ignore[arg-type]
     assert (
         kv.b_xfer_blocks == 50 == measured_b_xfer_blocks(kv.link_bytes_per_s, 0.01, block_bytes, 64)
