@@ -29,6 +29,7 @@ from shared.policy.columns import concat_columns, empty_columns
 from shared.tokenizer import Tokenizer
 
 Planner = Callable[[Snapshot | ColumnarSnapshot], Plan]
+_new_view = tuple.__new__
 
 
 class Executor:
@@ -211,22 +212,29 @@ class Engine:
         }
 
     def _view(self, r: Request) -> RequestView:
-        table = self.kv.table(r.request_id)
-        return RequestView(
-            request_id=r.request_id,
-            state=r.state,
-            t_arr_s=r.t_arr_s,
-            num_tokens=r.num_tokens,
-            num_computed_tokens=r.num_computed_tokens,
-            num_blocks_hbm=table.num_hbm if table else 0,
-            num_blocks_dram=table.num_dram if table else 0,
-            t_run_s=r.t_run_s,
-            t_last_s=r.t_last_s,
-            priority=r.priority,
-            arrival_seq=r.arrival_seq,
-            slo_ttft_s=r.slo_ttft_s,
-            slo_tbt_s=r.slo_tbt_s,
-            resident=self.kv.is_resident(r.request_id),
+        """The policy's view of ``r``, built positionally in C (``RequestView``'s field
+        order): one per running and rotary request per iteration."""
+        rid = r.request_id
+        table = self.kv.tables.get(rid)
+        num_hbm, num_dram = (table.num_hbm, table.num_dram) if table else (0, 0)
+        return _new_view(
+            RequestView,
+            (
+                rid,
+                r.state,
+                r.t_arr_s,
+                len(r.prompt_token_ids) + len(r.output_token_ids),  # r.num_tokens
+                r.num_computed_tokens,
+                num_hbm,
+                num_dram,
+                r.t_run_s,
+                r.t_last_s,
+                r.priority,
+                r.arrival_seq,
+                r.slo_ttft_s,
+                r.slo_tbt_s,
+                self.kv.is_resident(rid),
+            ),
         )
 
     def _apply_transitions(self, plan: Plan, now: float) -> None:

@@ -3,8 +3,6 @@ current state: drop transitions that no longer apply, then pack the batch locall
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from shared.policy.common import pack_schedule, split_snapshot
 from shared.policy.types import Plan, RequestState, Snapshot
 
@@ -40,8 +38,8 @@ def fit_plan(
     plan.admit_ids = plan.admit_ids[: max(0, room - len(plan.resume_ids))]
     views = {v.request_id: v for v in snapshot.requests}
     joining = [
-        replace(views[i], state=RequestState.RUNNING, resident=False) for i in plan.resume_ids
+        views[i]._replace(state=RequestState.RUNNING, resident=False) for i in plan.resume_ids
     ]
-    joining += [replace(views[i], state=RequestState.RUNNING) for i in plan.admit_ids]
+    joining += [views[i]._replace(state=RequestState.RUNNING) for i in plan.admit_ids]
     plan.schedule = pack_schedule(keep + joining, snapshot, snapshot.num_free_hbm_blocks)
     return plan

@@ -20,13 +20,17 @@ class RequestState(enum.StrEnum):
     ROTARY = "rotary"  # paused; KV parked in host DRAM, resumes without recompute
 
 
-@dataclass(frozen=True, slots=True)
-class RequestView:
+class RequestView(NamedTuple):
     """One request as a policy sees it.
 
     ``num_tokens`` counts every token whose KV the request will need next (prompt plus generated
     tokens); ``num_computed_tokens`` those whose KV already exists (in HBM for running requests,
     in DRAM for rotary ones, zero for waiting ones).
+
+    A named tuple (immutable, compared by value; ``_replace`` to derive one) rather than a
+    frozen dataclass: the engine builds one per running and rotary request per iteration, and a
+    frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field) was a third of the
+    simulator's time.
     """
 
     request_id: str

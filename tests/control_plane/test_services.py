@@ -378,7 +378,7 @@ def test_a_snapshot_that_cannot_travel_is_skipped_not_fatal() -> None:
     view = RequestView("r", RequestState.WAITING, t_arr_s=float("nan"), num_tokens=3)
     bad = Snapshot(1.0, (view,), 4, 0, 4, 64, 8, iteration=3)
     assert Worker._snapshot_bytes(worker, bad, 0.01) is None  # logged, the worker goes on
-    good = replace(bad, requests=(replace(view, t_arr_s=0.5),))
+    good = replace(bad, requests=(view._replace(t_arr_s=0.5),))
     data = Worker._snapshot_bytes(worker, good, 0.01)
     assert data is not None
     msg = decode(data, StateSnapshot)

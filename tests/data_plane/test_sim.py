@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from data_plane.engine.engine import Engine
+from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.tiered import TieredKVCacheManager
 from data_plane.sim import (
     ROW_KEYS,
@@ -26,7 +27,7 @@ from data_plane.sim.cli import add_simulate_arguments, run_simulate
 from data_plane.sim.setup import SimParts, build_parts
 from data_plane.transfer.base import BlockCopy
 from shared.costmodel import iteration_time_s, load_profile, transfer_time_s
-from shared.policy import POLICY_NAMES, Knobs
+from shared.policy import POLICY_NAMES, Knobs, RequestView
 from shared.traces import TraceRequest, load_trace
 
 H200 = load_profile("h200-llama3-8b")
@@ -233,3 +234,38 @@ def test_cli_writes_json_and_plot(tmp_path: Path) -> None:
     assert data["config"]["profile"] == "h200-llama3-8b" and png.stat().st_size > 0
     bad = parser.parse_args(["--trace", "synthetic", "--rps", "x", "--json", str(out)])
     assert run_simulate(bad) == 2
+
+
+def test_engine_views_carry_every_field_by_name() -> None:
+    """The engine builds views positionally (speed); each field must land under its name."""
+    setup = SimSetup(GH200, hbm_kv_gib=0.1, dram_kv_gib=1.0, b_xfer=8)
+    engine = build_parts("lvf", Knobs(), setup).engine
+    engine.columnar = False
+    for i in range(12):
+        params = SamplingParams(max_tokens=40, ignore_eos=True)
+        engine.add_request(f"q{i}", [1] * (100 + 37 * i), params, priority=i % 3, t_arr_s=0.01 * i)
+    for _ in range(30):
+        engine.step()
+    snapshot = engine.snapshot(engine.clock())
+    states = {view.state for view in snapshot.requests}
+    assert len(states) >= 2 and any(view.num_blocks_hbm for view in snapshot.requests)
+    for view in snapshot.requests:
+        request = engine.requests[view.request_id]
+        table = engine.kv.table(view.request_id)
+        expected = RequestView(
+            request_id=request.request_id,
+            state=request.state,
+            t_arr_s=request.t_arr_s,
+            num_tokens=request.num_tokens,
+            num_computed_tokens=request.num_computed_tokens,
+            num_blocks_hbm=table.num_hbm if table else 0,
+            num_blocks_dram=table.num_dram if table else 0,
+            t_run_s=request.t_run_s,
+            t_last_s=request.t_last_s,
+            priority=request.priority,
+            arrival_seq=request.arrival_seq,
+            slo_ttft_s=request.slo_ttft_s,
+            slo_tbt_s=request.slo_tbt_s,
+            resident=engine.kv.is_resident(request.request_id),
+        )
+        assert view == expected

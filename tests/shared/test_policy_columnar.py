@@ -95,8 +95,7 @@ def _random_view(rng: random.Random, index: int, bs: int, t) -> RequestView:
         return view
     blocks = -(-(num_tokens - 1) // bs)
     if state is RequestState.ROTARY:
-        return replace(
-            view,
+        return view._replace(
             num_computed_tokens=num_tokens - 1,
             num_blocks_hbm=rng.choice((0, 0, 0, 1)),
             num_blocks_dram=blocks,
@@ -104,8 +103,7 @@ def _random_view(rng: random.Random, index: int, bs: int, t) -> RequestView:
         )
     computed = rng.choice((num_tokens - 1, rng.randint(0, num_tokens)))
     held = -(-computed // bs) + rng.randint(0, 1)
-    return replace(
-        view,
+    return view._replace(
         num_computed_tokens=computed,
         num_blocks_hbm=held,
         num_blocks_dram=rng.randint(0, held),
@@ -174,7 +172,7 @@ def test_vlt_array_is_vlt_bit_for_bit(snapshot: Snapshot, knobs: Knobs) -> None:
 @settings(max_examples=200, deadline=None)
 @given(snapshot=snapshots())
 def test_views_round_trip_through_columns(snapshot: Snapshot) -> None:
-    views = tuple(replace(v, t_arr_s=float(v.t_arr_s)) for v in snapshot.requests)
+    views = tuple(v._replace(t_arr_s=float(v.t_arr_s)) for v in snapshot.requests)
     assert views_from_columns(columns_from_views(views)) == views
     assert views_from_columns(through_the_wire(snapshot).requests) == views
 

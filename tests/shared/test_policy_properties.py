@@ -9,8 +9,6 @@ blocks plus the resumes' blocks must fit in the free HBM plus the preempted requ
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,8 +52,7 @@ def request_views(draw: st.DrawFn, index: int, block_size: int) -> RequestView:
         computed = draw(st.integers(0, num_tokens - 1))
         dram = blocks_for(computed, block_size)
         evicting = draw(st.integers(0, 2))  # > 0: its rotate-out copy is still in flight
-        return replace(
-            view,
+        return view._replace(
             num_computed_tokens=computed,
             num_blocks_hbm=min(evicting, dram),
             num_blocks_dram=dram,
@@ -63,8 +60,7 @@ def request_views(draw: st.DrawFn, index: int, block_size: int) -> RequestView:
         )
     computed = draw(st.integers(0, num_tokens))  # pending 0 cannot happen; must not break
     hbm = blocks_for(computed, block_size) + draw(st.integers(0, 1))
-    return replace(
-        view,
+    return view._replace(
         num_computed_tokens=computed,
         num_blocks_hbm=hbm,
         num_blocks_dram=draw(st.integers(0, hbm)),
