@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 from redis.asyncio import Redis
 
+from gateway.bus import DedicatedConnection
 from gateway.errors import APIError
 from shared import streams
 from shared.protocol import AbortRequest, SubmitRequest, TokenOutput, encode
@@ -57,6 +58,8 @@ class Dispatcher:
         self._last_id: Any = "$"
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._submitter = DedicatedConnection(redis)  # the pool when a submit is in flight
+        self._reader = DedicatedConnection(redis)
 
     def start(self) -> None:
         self._task = asyncio.create_task(loop_with_backoff(self._read_once, self._stop))
@@ -67,6 +70,9 @@ class Dispatcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        for conn in (self._submitter, self._reader):
+            with contextlib.suppress(Exception):
+                await conn.close()
         with contextlib.suppress(Exception):
             await self.redis.delete(self.reply_stream)
 
@@ -90,12 +96,15 @@ class Dispatcher:
     async def submit(self, handle: RequestHandle, request: SubmitRequest) -> None:
         """The request to the worker's stream (the worker records its arrival and admission
         in the lifecycle hash; nothing else sits on this path)."""
-        handle.entry_id = await self.redis.xadd(
-            streams.worker_requests_stream(handle.worker_id),
-            {"m": encode(request)},
-            maxlen=streams.MAXLEN_REQUESTS,
-            approximate=True,
-        )
+        stream, data = streams.worker_requests_stream(handle.worker_id), encode(request)
+        maxlen = streams.MAXLEN_REQUESTS
+        if self._submitter.busy:  # concurrent submits go through the pool, side by side
+            entry_id = await self.redis.xadd(stream, {"m": data}, maxlen=maxlen, approximate=True)
+        else:
+            entry_id = await self._submitter.execute(
+                "XADD", stream, "MAXLEN", "~", maxlen, "*", "m", data
+            )
+        handle.entry_id = entry_id
 
     async def move(self, handle: RequestHandle, request: SubmitRequest, worker_id: str) -> None:
         """Resubmit ``handle``'s request to ``worker_id`` under a new wire id, after deleting
@@ -134,9 +143,17 @@ class Dispatcher:
         if self._last_id == "$":
             newest: Any = await self.redis.xrevrange(self.reply_stream, count=1)
             self._last_id = newest[0][0] if newest else "0-0"
-        response: Any = await self.redis.xread(
-            {self.reply_stream: self._last_id}, count=1024, block=self.block_ms
+        raw = await self._reader.execute(
+            "XREAD",
+            "COUNT",
+            1024,
+            "BLOCK",
+            self.block_ms,
+            "STREAMS",
+            self.reply_stream,
+            self._last_id,
         )
+        response: Any = self.redis.response_callbacks["XREAD"](raw)
         for entry_id, msg in stream_messages(response, TokenOutput, "malformed_output_message"):
             self._last_id = entry_id
             if msg is None:

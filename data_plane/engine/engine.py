@@ -10,12 +10,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from data_plane.engine.model_runner import BatchItem
 from data_plane.engine.output import check_stop
+from data_plane.engine.queues import RequestQueue
 from data_plane.engine.request import FinishReason, Request, RequestError, RequestOutput
 from data_plane.engine.sampling import SamplingParams
-from data_plane.engine.waiting import WaitingQueue
 from data_plane.kv.manager import KVCacheManager
 from shared.policy import (
     ColumnarSnapshot,
@@ -82,8 +85,8 @@ class Engine:
         self.columnar = columnar
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
-        self.waiting = WaitingQueue(self._view)
-        self.rotary: list[Request] = []
+        self.waiting = RequestQueue(self._view)
+        self.rotary = RequestQueue(self._view, RequestState.ROTARY)
         self.stats = EngineStats()
         self._arrival_seq = 0
         self._pending_outputs: list[RequestOutput] = []
@@ -192,13 +195,26 @@ class Engine:
         """:meth:`snapshot` as columns (the waiting requests' come ready-made)."""
         view = self._view
         running = columns_from_views([view(r) for r in self.running])
-        rotary = columns_from_views([view(r) for r in self.rotary])
+        rotary = self.rotary.columns(self._rotary_counts()) if self.rotary else empty_columns()
         waiting = self.waiting.columns() if self.waiting else empty_columns()
         return ColumnarSnapshot(
             t_now_s=now,
             requests=concat_columns((running, waiting, rotary)),
             **self._snapshot_counts(),
         )
+
+    def _rotary_counts(self) -> dict[str, Any]:
+        """What changes while a request is rotary: blocks per tier as its copies complete,
+        and residency."""
+        tables, is_resident = self.kv.tables, self.kv.is_resident
+        request_ids = self.rotary.request_ids()
+        num = len(request_ids)
+        rows = [tables.get(rid) for rid in request_ids]
+        return {
+            "num_blocks_hbm": np.fromiter((t.num_hbm if t else 0 for t in rows), np.int64, num),
+            "num_blocks_dram": np.fromiter((t.num_dram if t else 0 for t in rows), np.int64, num),
+            "resident": np.fromiter(map(is_resident, request_ids), np.bool_, num),
+        }
 
     def _snapshot_counts(self) -> dict[str, int]:
         return {

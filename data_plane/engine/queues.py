@@ -1,11 +1,14 @@
-"""The waiting queue, with its requests' policy views and columns kept up to date.
+"""The waiting queue and the rotary set, with their requests' policy views and columns kept
+up to date.
 
 A waiting request holds no KV and changes nothing until it runs, but in overload thousands
 wait and the policy looks at all of them every iteration. Building a view per waiting request
-per iteration was the engine's hot path (SUPERINFER.md's simulator spent 80 % of a 120 s run
-there); this queue builds each request's view once, when it joins, and keeps the views as a
+per iteration was the engine's hot path (the simulator spent 80 % of a 120 s run there); a
+:class:`RequestQueue` builds each request's view once, when it joins, and keeps the views as a
 list and as numpy columns (for the columnar LVF) in queue order. A join at either end or a
-leave anywhere costs one write per column, or one C-level shift of the columns.
+leave anywhere costs one write per column, or one C-level shift of the columns. Rotary
+requests are as still, except for their block counts and residency while copies complete: the
+engine reads those three columns afresh (:meth:`RequestQueue.columns` ``overrides``).
 """
 
 from __future__ import annotations
@@ -17,22 +20,28 @@ import numpy as np
 
 from data_plane.engine.request import Request
 from shared.policy import RequestColumns, RequestState, RequestView
-from shared.policy.columns import FLOAT_FIELDS, INT_FIELDS, WAITING_CODE
+from shared.policy.columns import FLOAT_FIELDS, INT_FIELDS, STATE_CODES
 
 _NAN = float("nan")
 _COLUMNS = (*FLOAT_FIELDS, *INT_FIELDS)
 
 
-class WaitingQueue:
-    """FIFO of waiting requests (``append``, ``appendleft``, ``remove``), with
+class RequestQueue:
+    """Requests in one ``state`` in order (``append``, ``appendleft``, ``remove``), with
     :meth:`views` and :meth:`columns` for the policy's snapshot.
 
     ``make_view`` builds a request's view when it joins (the engine's, which reads the KV
-    manager); the request must not change while it waits (the engine only changes a request
-    after taking it out of this queue).
+    manager); the request must not change while it is here (the engine only changes a
+    request after taking it out), except for what :meth:`columns` is told to override.
     """
 
-    def __init__(self, make_view: Callable[[Request], RequestView], capacity: int = 256) -> None:
+    def __init__(
+        self,
+        make_view: Callable[[Request], RequestView],
+        state: RequestState = RequestState.WAITING,
+        capacity: int = 256,
+    ) -> None:
+        self.state = state
         self._make_view = make_view
         self._requests: list[Request] = []
         self._views: list[RequestView] = []
@@ -71,15 +80,21 @@ class WaitingQueue:
         """The waiting requests' views, in queue order (do not modify the list)."""
         return self._views
 
-    def columns(self) -> RequestColumns:
-        """The waiting requests as columns, in queue order (copies: the snapshot keeps
-        them while the queue changes)."""
+    def request_ids(self) -> list[str]:
+        """The requests' ids, in order (do not modify the list)."""
+        return self._ids
+
+    def columns(self, overrides: dict[str, Any] | None = None) -> RequestColumns:
+        """The requests as columns, in order (copies: the snapshot keeps them while the
+        queue changes); ``overrides`` replaces whole columns (e.g. fresh block counts)."""
         num = len(self._requests)
-        arrays = {name: self._arrays[name][:num].copy() for name in _COLUMNS}
+        arrays: dict[str, Any] = {name: self._arrays[name][:num].copy() for name in _COLUMNS}
+        arrays["resident"] = self._resident[:num].copy()
+        if overrides:
+            arrays |= overrides
         return RequestColumns(
             request_ids=list(self._ids),
-            states=np.full(num, WAITING_CODE, np.uint8),
-            resident=self._resident[:num].copy(),
+            states=np.full(num, STATE_CODES[self.state], np.uint8),
             **arrays,
         )
 
@@ -87,7 +102,7 @@ class WaitingQueue:
         for index, queued in enumerate(self._requests):  # identity: requests have eq=False
             if queued is request:
                 return index
-        raise ValueError(f"request {request.request_id!r} is not waiting")
+        raise ValueError(f"request {request.request_id!r} is not {self.state.value} here")
 
     def _all_arrays(self) -> Iterator[np.ndarray[Any, Any]]:
         yield from self._arrays.values()
@@ -95,8 +110,10 @@ class WaitingQueue:
 
     def _insert(self, index: int, request: Request) -> None:
         view = self._make_view(request)
-        if view.state is not RequestState.WAITING:
-            raise ValueError(f"request {request.request_id!r} is {view.state.value}, not waiting")
+        if view.state is not self.state:
+            raise ValueError(
+                f"request {request.request_id!r} is {view.state.value}, not {self.state.value}"
+            )
         num = len(self._requests)
         if num == len(self._resident):
             self._grow(2 * num)

@@ -7,9 +7,9 @@ import random
 import numpy as np
 import pytest
 
+from data_plane.engine.queues import RequestQueue
 from data_plane.engine.request import Request
 from data_plane.engine.sampling import SamplingParams
-from data_plane.engine.waiting import WaitingQueue
 from shared.policy import RequestState, RequestView, columns_from_views
 from shared.policy.columns import FLOAT_FIELDS, INT_FIELDS
 
@@ -45,7 +45,7 @@ def make_request(seq: int, rng: random.Random) -> Request:
     )
 
 
-def assert_same(queue: WaitingQueue, reference: list[Request]) -> None:
+def assert_same(queue: RequestQueue, reference: list[Request]) -> None:
     assert list(queue) == reference and len(queue) == len(reference)
     expected_views = [view_of(r) for r in reference]
     assert queue.views() == expected_views
@@ -60,7 +60,7 @@ def assert_same(queue: WaitingQueue, reference: list[Request]) -> None:
 @pytest.mark.parametrize("seed", range(5))
 def test_random_joins_and_leaves_match_a_rebuilt_queue(seed: int) -> None:
     rng = random.Random(seed)
-    queue = WaitingQueue(view_of, capacity=2)  # small: growth happens many times
+    queue = RequestQueue(view_of, capacity=2)  # small: growth happens many times
     reference: list[Request] = []
     for seq in range(400):
         action = rng.random()
@@ -87,15 +87,32 @@ def test_random_joins_and_leaves_match_a_rebuilt_queue(seed: int) -> None:
 
 def test_columns_are_copies_and_bad_input_is_refused() -> None:
     rng = random.Random(0)
-    queue = WaitingQueue(view_of)
+    queue = RequestQueue(view_of)
     first = make_request(1, rng)
     queue.append(first)
     columns = queue.columns()
     queue.appendleft(make_request(2, rng))
     assert columns.arrival_seq.tolist() == [1]  # a snapshot taken earlier does not change
-    with pytest.raises(ValueError, match="not waiting"):
+    with pytest.raises(ValueError, match="not waiting here"):
         queue.remove(make_request(3, rng))
     running = make_request(4, rng)
     running.state = RequestState.RUNNING
     with pytest.raises(ValueError, match="running, not waiting"):
         queue.append(running)
+
+
+def test_a_rotary_queue_codes_its_state_and_takes_fresh_counts() -> None:
+    rng = random.Random(1)
+    queue = RequestQueue(view_of, RequestState.ROTARY)
+    requests = [make_request(seq, rng) for seq in range(3)]
+    for request in requests:
+        request.state = RequestState.ROTARY
+        queue.append(request)
+    fresh = np.array([5, 0, 7], np.int64)
+    columns = queue.columns({"num_blocks_hbm": fresh})
+    assert columns.states.tolist() == [2, 2, 2]  # ROTARY_CODE
+    assert columns.num_blocks_hbm.tolist() == [5, 0, 7]
+    assert columns.arrival_seq.tolist() == [0, 1, 2]
+    waiting = make_request(9, rng)
+    with pytest.raises(ValueError, match="waiting, not rotary"):
+        queue.append(waiting)
