@@ -223,7 +223,7 @@ class Worker:
             )
         except (RequestError, ValueError) as exc:
             log.warning("request_rejected", request_id=msg.request_id, error=str(exc))
-            error = TokenOutput(msg.request_id, 0, [], "error", str(exc))
+            error = TokenOutput(msg.request_id, 0, [], "error", str(exc), error_kind="rejected")
             await self._xadd(msg.reply_stream, encode(error), streams.MAXLEN_OUTPUTS)
             return
         self._reply[msg.request_id] = (msg.reply_stream, 0)
@@ -354,15 +354,17 @@ class Worker:
             if stream is None:
                 continue
             reason = out.finish_reason.value if out.finish_reason else None
+            error = out.error if reason != "abort" else None
             msg = TokenOutput(
                 out.request_id,
                 sent,
                 out.new_token_ids,
                 reason,
-                out.error if reason != "abort" else None,
+                error,
                 t_first_run_s=out.t_first_run_s if sent == 0 else None,
                 num_preemptions=out.num_preemptions,
                 num_rotations=out.num_rotations,
+                error_kind=None if error is None else "engine",  # only a failed step errs
             )
             pipe.xadd(stream, {"m": encode(msg)}, maxlen=streams.MAXLEN_OUTPUTS, approximate=True)
             if out.finished:

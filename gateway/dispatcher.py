@@ -60,6 +60,7 @@ class Dispatcher:
         self._task: asyncio.Task[None] | None = None
         self._submitter = DedicatedConnection(redis)  # the pool when a submit is in flight
         self._reader = DedicatedConnection(redis)
+        self._recorder = DedicatedConnection(redis)  # lifecycle hashes, off the requests' path
 
     def start(self) -> None:
         self._task = asyncio.create_task(loop_with_backoff(self._read_once, self._stop))
@@ -70,7 +71,7 @@ class Dispatcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for conn in (self._submitter, self._reader):
+        for conn in (self._submitter, self._reader, self._recorder):
             with contextlib.suppress(Exception):
                 await conn.close()
         with contextlib.suppress(Exception):
@@ -105,6 +106,18 @@ class Dispatcher:
                 "XADD", stream, "MAXLEN", "~", maxlen, "*", "m", data
             )
         handle.entry_id = entry_id
+
+    async def record(self, request_id: str, fields: dict[str, str | float | int]) -> None:
+        """``fields`` into the request's lifecycle hash (which expires after the TTL)."""
+        key, ttl_s = streams.request_lifecycle_key(request_id), streams.LIFECYCLE_TTL_S
+        if self._recorder.busy:  # concurrent records go through the pool, side by side
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
+                pipe.expire(key, ttl_s)
+                await pipe.execute()
+            return
+        flat = [item for pair in fields.items() for item in pair]
+        await self._recorder.execute_many(("HSET", key, *flat), ("EXPIRE", key, ttl_s))
 
     async def move(self, handle: RequestHandle, request: SubmitRequest, worker_id: str) -> None:
         """Resubmit ``handle``'s request to ``worker_id`` under a new wire id, after deleting
@@ -184,6 +197,7 @@ class Dispatcher:
                 msg.t_first_run_s,
                 msg.num_preemptions,
                 msg.num_rotations,
+                msg.error_kind,
             )
         elif msg.index > handle.num_received:
             handle.lost_output = True

@@ -19,7 +19,6 @@ from gateway.limits import KeyLimiter
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
 from gateway.workers import WorkerDirectory
-from shared import streams
 from shared.protocol import SubmitRequest, TokenOutput
 from shared.slo import SloClass
 from shared.tokenizer import Tokenizer
@@ -114,7 +113,7 @@ class Generation:
         if handle.lost_output:
             raise APIError(502, "output from the worker was lost", code="lost_output")
         if msg.error:  # a rejected request (400) or the worker's own failure (500)
-            failed = msg.index > 0 or msg.error.startswith("engine error")
+            failed = msg.index > 0 or msg.error_kind == "engine"
             raise APIError(500 if failed else 400, msg.error, code="worker_error")
         return msg
 
@@ -291,15 +290,7 @@ class GenerationService:
         self._spawn(self.dispatcher.abort(handle))
 
     def _record(self, request_id: str, **fields: str | float | int) -> None:
-        key = streams.request_lifecycle_key(request_id)
-
-        async def write() -> None:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
-                pipe.expire(key, streams.LIFECYCLE_TTL_S)
-                await pipe.execute()
-
-        self._spawn(write())
+        self._spawn(self.dispatcher.record(request_id, fields))
 
     def _spawn(self, work: object) -> None:
         async def guarded() -> None:

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import msgpack
 
-SCHEMA_VERSION = 2  # 2: StateSnapshot carries a columnar RequestTable (packed arrays)
+SCHEMA_VERSION = 3  # 2: columnar RequestTable snapshots; 3: TokenOutput.error_kind
 T = TypeVar("T")
 _REGISTRY: dict[str, type] = {}
 _HINTS: dict[type, list[tuple[str, Any]]] = {}

@@ -250,6 +250,9 @@ class StateSnapshot:
 # ---- to a gateway (its output stream) -----------------------------------------------------
 
 
+ERROR_KINDS = (None, "rejected", "engine")
+
+
 @message("tokens")
 @dataclass(frozen=True, slots=True)
 class TokenOutput:
@@ -265,6 +268,15 @@ class TokenOutput:
     t_first_run_s: float | None = None  # when the engine first scheduled it (queue time)
     num_preemptions: int = 0  # set on the final message
     num_rotations: int = 0  # set on the final message
+    # with ``error``: "rejected" (the request can never be served: the client's 400) or
+    # "engine" (the worker failed while serving it: a 500)
+    error_kind: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.error_kind not in ERROR_KINDS:
+            raise ValueError(f"error_kind must be one of {ERROR_KINDS}, got {self.error_kind!r}")
+        if (self.error is None) != (self.error_kind is None):
+            raise ValueError("error and error_kind come together")
 
 
 # ---- to gateways and operators (the workers hash, refreshed every heartbeat) -------------

@@ -398,7 +398,7 @@ async def test_engine_that_keeps_failing_ends_requests_with_an_error(
     services.worker.engine.step = broken_step  # type: ignore[method-assign]
     await _push(redis_client, [_submit(0, prompts[0])])
     deadline = time.monotonic() + 15
-    error = None
+    error = kind = None
     last = "0-0"
     while error is None and time.monotonic() < deadline:
         response = await redis_client.xread({REPLY: last}, block=200)
@@ -406,6 +406,7 @@ async def test_engine_that_keeps_failing_ends_requests_with_an_error(
             for entry_id, fields in entries:
                 last = entry_id
                 out = decode(fields[b"m"], TokenOutput)
-                error = out.error if out.request_id == "req-0" else error
+                if out.request_id == "req-0" and out.error is not None:
+                    error, kind = out.error, out.error_kind
     await services.stop()
-    assert error is not None and error.startswith("engine error")
+    assert error is not None and error.startswith("engine error") and kind == "engine"

@@ -60,7 +60,19 @@ SAMPLES = [
         "remote",
     ),
     TokenOutput("r1", 3, [5, 6], "stop", None, 4),
+    TokenOutput("r2", 0, [], "error", "prompt too long", error_kind="rejected"),
 ]
+
+
+def test_token_errors_carry_a_known_kind() -> None:
+    good = TokenOutput("r", 0, [], "error", "boom", error_kind="engine")
+    wire = msgpack.unpackb(encode(good), raw=False)
+    for kind in ("oops", None):  # an unknown kind, or an error without its kind
+        wire["d"][-1] = kind
+        with pytest.raises(ProtocolError, match="error_kind"):
+            decode(msgpack.packb(wire, use_bin_type=True), TokenOutput)
+    with pytest.raises(ValueError, match="come together"):
+        TokenOutput("r", 0, [], None, None, error_kind="engine")
 
 
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
