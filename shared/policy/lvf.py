@@ -161,11 +161,13 @@ def _rotate_out_tail(
     plan: Plan,
 ) -> None:
     """Step 4: from the tail of L (longest running first) while VLT < 0 and B_swap > 0,
-    rotate out. A victim DRAM has no room for (its unsynced blocks) is preempted by
-    recompute only while HBM is short for the running requests' own growth, as vLLM would;
-    otherwise it stays running. Proactive rotation never turns into recompute: under
-    sustained overload with DRAM full, throwing away a long prompt's KV to admit another
-    one would spend the GPU on prefills that are thrown away in turn.
+    rotate out. A victim DRAM has no room for (its unsynced blocks) stays running:
+    proactive rotation never turns into recompute (under sustained overload with DRAM full,
+    throwing away a long prompt's KV to admit another one spends the GPU on prefills that
+    are thrown away in turn). If such a victim was needed because HBM is short for the
+    running requests' own growth, the shortage the rotations leave is covered as vLLM
+    covers it: recompute preemption of the newest running requests (the least work lost),
+    see :func:`_recompute_newest`.
 
     Passed over: requests that hold no HBM block (nothing to free), whose KV is still arriving
     (H2D in flight), and, unless HBM is short for the running requests' own growth
@@ -176,6 +178,7 @@ def _rotate_out_tail(
     """
     scores = vlt_scores(running, snapshot.t_now_s, knobs)
     free_dram = snapshot.num_free_dram_blocks
+    uncovered, no_room = shortage, False
     for i in _rank(running, scores, head=False):
         if scores[i] >= 0:
             break
@@ -188,12 +191,29 @@ def _rotate_out_tail(
         if dram_needed <= free_dram:
             plan.rotate_out_ids.append(view.request_id)
             free_dram -= max(0, dram_needed)
+            uncovered -= held
         elif shortage > 0:
-            plan.preempt_ids.append(view.request_id)
+            no_room = True
         b_swap -= held
         shortage -= held
         if b_swap <= 0:
             break
+    if no_room:
+        _recompute_newest(running, plan, uncovered)
+
+
+def _recompute_newest(running: list[RequestView], plan: Plan, shortage: int) -> None:
+    """Preempt by recompute from the end of the running list (the newest, as vLLM V1's
+    ``running.pop()``) until ``shortage`` blocks are freed; passed over: requests rotating
+    out, holding no HBM block, or whose KV is still arriving."""
+    leaving = set(plan.rotate_out_ids)
+    for view in reversed(running):
+        if shortage <= 0:
+            return
+        if view.request_id in leaving or not view.num_blocks_hbm or not view.resident:
+            continue
+        plan.preempt_ids.append(view.request_id)
+        shortage -= view.num_blocks_hbm
 
 
 def _served(view: RequestView) -> bool:

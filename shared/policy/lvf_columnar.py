@@ -129,6 +129,7 @@ def _rotate_out_tail(
     """Step 4 (``shared.policy.lvf._rotate_out_tail``): from the tail of L (VLT ascending,
     later arrival first) while VLT < 0 and B_swap > 0. Returns (rotated out, preempted)."""
     columns = snapshot.requests
+    all_running, initial_shortage = running, shortage
     held = columns.num_blocks_hbm[running]
     # passed over for good: VLT >= 0 (the scan stops there), no HBM block, KV not resident
     running = running[(scores[running] < 0) & (held > 0) & columns.resident[running]]
@@ -144,7 +145,26 @@ def _rotate_out_tail(
         b_swap, shortage = b_swap - num_blocks, shortage - num_blocks
         if b_swap <= 0:
             break
-    return _split_by_dram_room(snapshot, np.concatenate(victims), num_forced)
+    rotated, no_room = _split_by_dram_room(snapshot, np.concatenate(victims), num_forced)
+    if not len(no_room):
+        return rotated, _EMPTY
+    uncovered = initial_shortage - int(columns.num_blocks_hbm[rotated].sum())
+    return rotated, _recompute_newest(columns, all_running, rotated, uncovered)
+
+
+def _recompute_newest(columns: RequestColumns, running: Ints, rotated: Ints, shortage: int) -> Ints:
+    """``shared.policy.lvf._recompute_newest``: from the end of the running list, the
+    requests to preempt by recompute until ``shortage`` blocks are freed."""
+    if shortage <= 0:
+        return _EMPTY
+    newest_first = running[::-1]
+    leaves = np.zeros(len(columns), np.bool_)
+    leaves[rotated] = True
+    held = columns.num_blocks_hbm[newest_first]
+    newest_first = newest_first[~leaves[newest_first] & (held > 0) & columns.resident[newest_first]]
+    held = columns.num_blocks_hbm[newest_first]
+    count = int(np.searchsorted(np.cumsum(held) - held, shortage, side="left"))
+    return newest_first[:count]
 
 
 def _tail_victims(
@@ -175,9 +195,8 @@ def _tail_victims(
 def _split_by_dram_room(
     snapshot: ColumnarSnapshot, victims: Ints, num_forced: int
 ) -> tuple[Ints, Ints]:
-    """In scan order: rotate out while DRAM has room for the victim's unsynced blocks;
-    a victim it has no room for is preempted by recompute if it was forced (one of the
-    first ``num_forced``, taken while HBM was short), else it stays running."""
+    """In scan order: (victims DRAM has room for, to rotate out; the forced ones, among
+    the first ``num_forced`` taken while HBM was short, it has no room for)."""
     columns = snapshot.requests
     dram_needed = columns.num_blocks_hbm[victims] - columns.num_blocks_dram[victims]
     free_dram = snapshot.num_free_dram_blocks

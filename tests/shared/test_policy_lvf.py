@@ -276,9 +276,10 @@ def test_without_dram_room_proactive_victims_stay_running() -> None:
     assert (plan.rotate_out_ids, plan.preempt_ids) == (["x"], [])
 
 
-def test_without_dram_room_a_real_hbm_shortage_preempts_by_recompute() -> None:
+def test_without_dram_room_a_real_hbm_shortage_preempts_the_newest_by_recompute() -> None:
     # x's next token needs a 5th block and HBM has none: B_HBM = -1, the shortage forces a
-    # victim; DRAM has no room for it, so it is preempted by recompute (as vLLM would)
+    # victim (x, the tail of L); DRAM has no room for it, so the shortage is covered as vLLM
+    # covers it: the newest running request (y, last in the running list) is recomputed
     x_full = RequestView(
         "x",
         RequestState.RUNNING,
@@ -292,8 +293,14 @@ def test_without_dram_room_a_real_hbm_shortage_preempts_by_recompute() -> None:
     y = running("y", t_run=5.0, blocks=4)
     short = snap(x_full, y, free=0, xfer=0, dram=0)
     plan = make_plan(short, LVF)
-    assert plan.preempt_ids == ["x"] and plan.rotate_out_ids == []
+    assert plan.preempt_ids == ["y"] and plan.rotate_out_ids == []
+    assert ids(plan.schedule) == ["x"]  # y's blocks are free at once: x gets its 5th block
     check_plan(short, plan)
+    assert make_plan(columnar_from_snapshot(short), LVF) == plan
+    # a request whose KV is still arriving (H2D in flight) frees nothing now: passed over
+    arriving = running("z", t_run=6.0, blocks=4, resident=False)
+    plan = make_plan(snap(x_full, y, arriving, free=0, xfer=0, dram=0), LVF)
+    assert plan.preempt_ids == ["y"]
 
 
 def test_equal_running_vlt_rotates_the_later_arrival_first() -> None:
