@@ -234,7 +234,11 @@ def _join_and_pack(
     next iteration. One that waits for room holds it: no request ranked below it acts this
     iteration (else smaller waiting requests take the room first, iteration after
     iteration, and a long rotary request parked in a full DRAM never comes back). A chosen
-    waiting request that fits reserves its blocks.
+    waiting request starts only if its whole KV, blk(r), fits what is left of the room, as
+    §4 counts it (a prefill started in the last free blocks is preempted by the running
+    requests' growth a step later, and restarts, in a loop: at 50 req/s on ShareGPT that was
+    most of LVF's 24,000 preemptions); one that does not fit keeps waiting and the scan goes
+    on.
 
     Recompute victims (HBM short for the running requests' growth, DRAM full) free their
     blocks for that growth: as in vLLM, nobody joins in a step that preempted by recompute
@@ -265,10 +269,9 @@ def _join_and_pack(
                 break
             plan.resume_ids.append(view.request_id)
             free, room = free - blk, room - blk
-        else:
+        elif blk <= room:  # its whole KV fits the room left: it may start
             joining.append(view)
-            if blk <= room:
-                room -= blk
+            room -= blk
     keep = [v for v in running if v.request_id not in leaving] if leaving else running
     plan.schedule = pack_schedule(keep + joining, snapshot, max(0, free))
     if joining:

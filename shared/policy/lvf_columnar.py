@@ -223,7 +223,8 @@ def _join_and_pack(
 ) -> None:
     """``shared.policy.lvf._join_and_pack``: resume the chosen rotary requests whose blocks
     fit in what is left of B_HBM (and whose rotate-out is done), let the chosen waiting ones
-    join the batch, pack it, admit the joining requests that got a chunk."""
+    whose whole KV fits it join the batch (up to the first rotary request waiting for room),
+    pack it, admit the joining requests that got a chunk."""
     columns = snapshot.requests
     rotated, preempted = leaving
     free = snapshot.num_free_hbm_blocks
@@ -242,7 +243,7 @@ def _join_and_pack(
     taken[acting >= cut] = False
     resumed = chosen[acting[taken & is_rotary[acting]]]
     free -= int(blk[resumed].sum())
-    joining = chosen[:cut][~is_rotary[:cut]]
+    joining = chosen[acting[taken & ~is_rotary[acting]]]  # whole KV fits the room
     keep = running
     if len(rotated) or len(preempted):
         leaves = np.zeros(len(columns), np.bool_)

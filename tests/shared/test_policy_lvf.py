@@ -143,14 +143,21 @@ def test_head_scan_respects_max_num_seqs() -> None:
 
 def test_only_chosen_requests_that_can_act_now_change_state() -> None:
     # w0 and r are chosen (B_left = 2 + 10) but only 2 blocks are free now: r's H2D copy
-    # would need 4, so it stays rotary; w0 gets a 32-token chunk and is admitted
+    # would need 4, so it stays rotary; w0's whole KV (4 blocks) does not fit either, so it
+    # keeps waiting rather than start a prefill the running requests' growth would preempt
     w0 = waiting("w0", t_arr=0.0, blocks=4)  # VLT 7.5
     r = rotary("r", t_last=8.0, blocks=4)  # VLT 6
     snapshot = snap(w0, r, free=2, xfer=10)
     plan = make_plan(snapshot, LVF)
-    assert plan.admit_ids == ["w0"] and plan.resume_ids == []
-    assert [(c.request_id, c.num_tokens) for c in plan.schedule] == [("w0", 32)]
+    assert plan.admit_ids == [] and plan.resume_ids == [] and plan.schedule == []
     check_plan(snapshot, plan)
+    # with 4 free blocks w0 starts (all 64 tokens fit); r, ranked below, waits for room
+    roomier = snap(w0, r, free=4, xfer=10)
+    plan = make_plan(roomier, LVF)
+    assert plan.admit_ids == ["w0"] and plan.resume_ids == []
+    assert [(c.request_id, c.num_tokens) for c in plan.schedule] == [("w0", 64)]
+    check_plan(roomier, plan)
+    assert make_plan(columnar_from_snapshot(roomier), LVF) == plan
 
 
 def test_rotary_request_still_rotating_out_is_passed_over() -> None:

@@ -167,24 +167,50 @@ def check_lvf(snapshot: Snapshot, knobs: Knobs, plan: Plan) -> None:
     if plan.fcfs_fallback:
         assert not plan.rotate_out_ids and not plan.preempt_ids
         return
-    for rid in plan.rotate_out_ids + plan.preempt_ids:
+    for rid in plan.rotate_out_ids:
         view = views[rid]
         assert vlt(view, snapshot.t_now_s, knobs) < 0 and view.resident and view.num_blocks_hbm
     if growth <= snapshot.num_free_hbm_blocks:  # no shortage: only served requests leave
-        for rid in plan.rotate_out_ids + plan.preempt_ids:
+        assert not plan.preempt_ids  # and rotation never turns into recompute
+        for rid in plan.rotate_out_ids:
             t_last, t_run = views[rid].t_last_s, views[rid].t_run_s
             assert t_last is not None and (t_run is None or t_last >= t_run)
+    check_recompute_victims(snapshot, plan, growth)
     joined = sum(demand_blocks(views[r], bs) for r in plan.admit_ids + plan.resume_ids)
     b_left = snapshot.num_free_hbm_blocks - growth + snapshot.b_xfer_blocks
     assert joined <= max(0, b_left)
     # the tail scan stops as soon as B_swap = B_xfer - B_left is covered, and the head scan
     # never takes B_left below min(0, B_HBM + B_xfer)
-    leaving = [views[r] for r in plan.rotate_out_ids + plan.preempt_ids]
+    leaving = [views[r] for r in plan.rotate_out_ids]
     if leaving:  # in tail-scan order: VLT ascending, later arrival first
         leaving.sort(key=lambda v: (vlt(v, snapshot.t_now_s, knobs), -v.t_arr_s, -v.arrival_seq))
         rotated = sum(v.num_blocks_hbm for v in leaving)
         b_swap_max = max(snapshot.b_xfer_blocks, growth - snapshot.num_free_hbm_blocks)
         assert rotated - leaving[-1].num_blocks_hbm < b_swap_max
+
+
+def check_recompute_victims(snapshot: Snapshot, plan: Plan, growth: int) -> None:
+    """LVF recomputes only for a real shortage (the running requests' growth over the free
+    HBM, less what rotates out), and then the newest running requests first, as vLLM: the
+    shortest prefix of the running list, from its end, that covers it (requests rotating
+    out, holding no block or whose KV is still arriving passed over)."""
+    if not plan.preempt_ids:
+        return
+    views = {v.request_id: v for v in snapshot.requests}
+    rotating = set(plan.rotate_out_ids)
+    shortage = growth - snapshot.num_free_hbm_blocks
+    shortage -= sum(views[r].num_blocks_hbm for r in rotating)
+    eligible = [
+        v.request_id
+        for v in reversed(snapshot.requests)
+        if v.state is RequestState.RUNNING
+        and v.request_id not in rotating
+        and v.num_blocks_hbm
+        and v.resident
+    ]
+    assert plan.preempt_ids == eligible[: len(plan.preempt_ids)]
+    held = [views[r].num_blocks_hbm for r in plan.preempt_ids]
+    assert sum(held) - held[-1] < shortage
 
 
 def check_baseline(snapshot: Snapshot, name: str, plan: Plan) -> None:
