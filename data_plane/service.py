@@ -15,6 +15,7 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
@@ -29,6 +30,7 @@ from shared import streams
 from shared.costmodel import measured_b_xfer_blocks
 from shared.knobs import read_knobs
 from shared.policy import Knobs, Snapshot, columns_from_views
+from shared.policy.columns import WAITING_CODE, pick_ids
 from shared.protocol import (
     AbortRequest,
     ProtocolError,
@@ -54,6 +56,7 @@ class Worker:
     ) -> None:
         self.settings = settings
         self.engine = engine
+        engine.keep_columns = True  # the wire snapshot, from the queues' cached columns
         self.redis = redis
         self.block_bytes = block_bytes
         self.epoch = uuid.uuid4().hex[:12]
@@ -387,10 +390,15 @@ class Worker:
 
     def _snapshot_message(self, snapshot: Snapshot, iteration_time_s: float) -> StateSnapshot:
         kv = self.engine.kv
-        columns = columns_from_views(snapshot.requests)  # packed arrays on the wire
+        columns = self.engine.last_columns  # packed arrays on the wire, from the queues' caches
+        if columns is None or len(columns) != len(snapshot.requests):
+            columns = columns_from_views(snapshot.requests)
+        synced = np.zeros(len(columns), np.int64)  # a waiting request holds no blocks
         tables = kv.tables
-        synced = [
-            table.num_synced if (table := tables.get(rid)) else 0 for rid in columns.request_ids
+        holding = np.flatnonzero(columns.states != WAITING_CODE)
+        synced[holding] = [
+            table.num_synced if (table := tables.get(rid)) else 0
+            for rid in pick_ids(columns.request_ids, holding)
         ]
         dram = getattr(kv, "dram", None)
         link = kv.link_bytes_per_s if isinstance(kv, TieredKVCacheManager) else 0.0

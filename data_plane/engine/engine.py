@@ -8,7 +8,7 @@ applies the plan's state changes, allocates blocks, runs the executor and proces
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from data_plane.kv.manager import KVCacheManager
 from shared.policy import (
     ColumnarSnapshot,
     Plan,
+    RequestColumns,
     RequestState,
     RequestView,
     Snapshot,
@@ -69,9 +70,11 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         vocab_size: int | None = None,
         columnar: bool = False,
+        keep_columns: bool = False,
     ) -> None:
         """``columnar``: give the planner :class:`ColumnarSnapshot` (for the columnar LVF)
-        instead of views."""
+        instead of views. ``keep_columns``: keep each iteration's snapshot as columns in
+        ``last_columns`` too (the worker's wire snapshot)."""
         self.executor = executor
         self.kv = kv
         self.planner = planner
@@ -83,6 +86,8 @@ class Engine:
         self.clock = clock
         self.vocab_size = vocab_size
         self.columnar = columnar
+        self.keep_columns = keep_columns
+        self.last_columns: RequestColumns | None = None
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
         self.waiting = RequestQueue(self._view)
@@ -161,7 +166,7 @@ class Engine:
         self.stats.num_iterations += 1
         self.kv.poll()
         now = self.clock()
-        plan = self.planner(self.columnar_snapshot(now) if self.columnar else self.snapshot(now))
+        plan = self.planner(self._snapshot_for_planner(now))
         self.stats.last_plan = plan
         self._apply_transitions(plan, now)
         items = self._allocate(plan)
@@ -194,14 +199,31 @@ class Engine:
     def columnar_snapshot(self, now: float) -> ColumnarSnapshot:
         """:meth:`snapshot` as columns (the waiting requests' come ready-made)."""
         view = self._view
-        running = columns_from_views([view(r) for r in self.running])
-        rotary = self.rotary.columns(self._rotary_counts()) if self.rotary else empty_columns()
-        waiting = self.waiting.columns() if self.waiting else empty_columns()
         return ColumnarSnapshot(
             t_now_s=now,
-            requests=concat_columns((running, waiting, rotary)),
+            requests=self._columns([view(r) for r in self.running]),
             **self._snapshot_counts(),
         )
+
+    def _snapshot_for_planner(self, now: float) -> Snapshot | ColumnarSnapshot:
+        """The snapshot the planner gets (views, or columns when ``columnar``); with
+        ``keep_columns`` its requests as columns are also kept in ``last_columns`` (the worker
+        publishes them), built from the queues' cached columns, not from the views."""
+        if self.columnar:
+            columnar = self.columnar_snapshot(now)
+            self.last_columns = columnar.requests if self.keep_columns else None
+            return columnar
+        snapshot = self.snapshot(now)
+        if self.keep_columns:
+            self.last_columns = self._columns(snapshot.requests[: len(self.running)])
+        return snapshot
+
+    def _columns(self, running_views: Sequence[RequestView]) -> RequestColumns:
+        """Running (from their views), waiting and rotary requests as columns."""
+        running = columns_from_views(running_views)
+        rotary = self.rotary.columns(self._rotary_counts()) if self.rotary else empty_columns()
+        waiting = self.waiting.columns() if self.waiting else empty_columns()
+        return concat_columns((running, waiting, rotary))
 
     def _rotary_counts(self) -> dict[str, Any]:
         """What changes while a request is rotary: blocks per tier as its copies complete,

@@ -368,7 +368,7 @@ async def test_measured_link_reaches_snapshots_and_auto_plans(
 def test_a_snapshot_that_cannot_travel_is_skipped_not_fatal() -> None:
     kv = SimpleNamespace(tables={}, hbm=SimpleNamespace(num_blocks=8))
     worker = SimpleNamespace(
-        engine=SimpleNamespace(kv=kv),
+        engine=SimpleNamespace(kv=kv, last_columns=None),
         settings=SimpleNamespace(worker_id="w0"),
         epoch="e1",
         block_bytes=64,

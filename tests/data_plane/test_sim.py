@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from data_plane.engine.engine import Engine
@@ -27,7 +28,8 @@ from data_plane.sim.cli import add_simulate_arguments, run_simulate
 from data_plane.sim.setup import SimParts, build_parts
 from data_plane.transfer.base import BlockCopy
 from shared.costmodel import iteration_time_s, load_profile, transfer_time_s
-from shared.policy import POLICY_NAMES, Knobs, RequestView
+from shared.policy import POLICY_NAMES, Knobs, Plan, RequestView, Snapshot, columns_from_views
+from shared.policy.columns import FLOAT_FIELDS, INT_FIELDS
 from shared.traces import TraceRequest, load_trace
 
 H200 = load_profile("h200-llama3-8b")
@@ -269,3 +271,33 @@ def test_engine_views_carry_every_field_by_name() -> None:
             resident=engine.kv.is_resident(request.request_id),
         )
         assert view == expected
+
+
+def test_kept_columns_match_the_views_the_planner_saw() -> None:
+    """The worker publishes ``last_columns`` (from the queues' cached columns) as its wire
+    snapshot: every iteration they must equal the planner's views, row for row."""
+    setup = SimSetup(GH200, hbm_kv_gib=0.1, dram_kv_gib=1.0, b_xfer=8)
+    engine = build_parts("lvf", Knobs(), setup).engine
+    engine.columnar, engine.keep_columns = False, True
+    seen: list[Snapshot] = []
+    planner = engine.planner
+
+    def spy(snapshot: Snapshot) -> Plan:
+        seen.append(snapshot)
+        return planner(snapshot)
+
+    engine.planner = spy  # type: ignore[assignment]
+    for i in range(12):
+        params = SamplingParams(max_tokens=40, ignore_eos=True)
+        engine.add_request(f"q{i}", [1] * (100 + 37 * i), params, t_arr_s=0.01 * i)
+    states_seen = set()
+    for _ in range(60):
+        engine.step()
+        got, expected = engine.last_columns, columns_from_views(seen[-1].requests)
+        assert got is not None and list(got.request_ids) == list(expected.request_ids)
+        for name in ("states", *INT_FIELDS, "resident"):
+            assert np.array_equal(getattr(got, name), getattr(expected, name)), name
+        for name in FLOAT_FIELDS:
+            assert np.array_equal(getattr(got, name), getattr(expected, name), equal_nan=True)
+        states_seen.update(got.states.tolist())
+    assert states_seen == {0, 1, 2}  # waiting, running and rotary rows were all compared
