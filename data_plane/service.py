@@ -15,7 +15,6 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
@@ -25,12 +24,12 @@ from data_plane.engine.request import FinishReason, RequestError, RequestOutput
 from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.tiered import TieredKVCacheManager
 from data_plane.planner import HybridPlanner
+from data_plane.reports import WorkerIdentity, state_snapshot, worker_status
 from data_plane.settings import WorkerSettings
 from shared import streams
 from shared.costmodel import measured_b_xfer_blocks
 from shared.knobs import read_knobs
-from shared.policy import Knobs, Snapshot, columns_from_views
-from shared.policy.columns import WAITING_CODE, pick_ids
+from shared.policy import Knobs, Snapshot
 from shared.protocol import (
     AbortRequest,
     ProtocolError,
@@ -42,7 +41,7 @@ from shared.protocol import (
     decode,
     encode,
 )
-from shared.protocol.convert import stream_messages, table_from_columns
+from shared.protocol.convert import stream_messages
 from shared.runtime import loop_with_backoff
 from shared.tokenizer import served_model_name
 
@@ -295,36 +294,17 @@ class Worker:
             log.info("knobs_reloaded", version=version, policy=knobs.policy)
 
     def _status(self, now: float) -> WorkerStatus:
-        engine, kv = self.engine, self.engine.kv
-        stats = getattr(kv, "tiered_stats", None)
-        dram = getattr(kv, "dram", None)
-        block_bytes = self.block_bytes
         mean_iteration_s = self._busy_time_s / max(1, self._busy_iterations)
         self._busy_time_s, self._busy_iterations = 0.0, 0
-        return WorkerStatus(
-            worker_id=self.settings.worker_id,
-            epoch=self.epoch,
-            t_heartbeat_s=now,
+        return worker_status(
+            self.engine,
+            WorkerIdentity(self.settings.worker_id, self.epoch, self.block_bytes),
+            now,
             model_name=self.model_name,
-            max_model_len=engine.max_model_len,
-            num_running=len(engine.running),
-            num_waiting=len(engine.waiting),
-            num_rotary=len(engine.rotary),
-            num_waiting_tokens=sum(len(r.prompt_token_ids) for r in engine.waiting),
-            num_hbm_blocks=kv.hbm.num_blocks,
-            num_free_hbm_blocks=kv.hbm.num_free,
-            num_dram_blocks=dram.num_blocks if dram is not None else 0,
-            num_free_dram_blocks=dram.num_free if dram is not None else 0,
-            max_num_batched_tokens=engine.max_num_batched_tokens,
-            iteration_time_s=mean_iteration_s,
+            mean_iteration_s=mean_iteration_s,
             plan_source=self.planner.source,
             policy=self.planner.knobs.policy,
             accepting=not self.draining,
-            num_preemptions=engine.stats.num_preemptions,
-            num_rotations_out=engine.stats.num_rotations_out,
-            num_rotations_in=engine.stats.num_rotations_in,
-            bytes_h2d=stats.blocks_loaded * block_bytes if stats else 0,
-            bytes_d2h=(stats.blocks_synced + stats.blocks_evicted) * block_bytes if stats else 0,
         )
 
     def _queue_lifecycle(self, pipe: Any) -> None:
@@ -389,37 +369,9 @@ class Worker:
             return None
 
     def _snapshot_message(self, snapshot: Snapshot, iteration_time_s: float) -> StateSnapshot:
-        kv = self.engine.kv
-        columns = self.engine.last_columns  # packed arrays on the wire, from the queues' caches
-        if columns is None or len(columns) != len(snapshot.requests):
-            columns = columns_from_views(snapshot.requests)
-        synced = np.zeros(len(columns), np.int64)  # a waiting request holds no blocks
-        tables = kv.tables
-        holding = np.flatnonzero(columns.states != WAITING_CODE)
-        synced[holding] = [
-            table.num_synced if (table := tables.get(rid)) else 0
-            for rid in pick_ids(columns.request_ids, holding)
-        ]
-        dram = getattr(kv, "dram", None)
-        link = kv.link_bytes_per_s if isinstance(kv, TieredKVCacheManager) else 0.0
-        return StateSnapshot(
-            worker_id=self.settings.worker_id,
-            epoch=self.epoch,
-            iteration=snapshot.iteration,
-            t_now_s=snapshot.t_now_s,
-            requests=table_from_columns(columns, synced),
-            num_free_hbm_blocks=snapshot.num_free_hbm_blocks,
-            num_free_dram_blocks=snapshot.num_free_dram_blocks,
-            num_hbm_blocks=kv.hbm.num_blocks,
-            num_dram_blocks=dram.num_blocks if dram is not None else 0,
-            block_size=snapshot.block_size,
-            block_bytes=self.block_bytes,
-            max_num_batched_tokens=snapshot.max_num_batched_tokens,
-            max_num_seqs=snapshot.max_num_seqs,
-            b_xfer_blocks=snapshot.b_xfer_blocks,
-            iteration_time_s=iteration_time_s,
-            link_bytes_per_s=link,  # measured by the transfer engine; 0.0 until a copy ended
-            plan_source=self.planner.source,
+        identity = WorkerIdentity(self.settings.worker_id, self.epoch, self.block_bytes)
+        return state_snapshot(
+            self.engine, identity, snapshot, iteration_time_s, self.planner.source
         )
 
     async def _xadd(self, stream: str, data: bytes, maxlen: int) -> Any:

@@ -1,0 +1,109 @@
+"""What a worker tells the others about itself: the per-iteration :class:`StateSnapshot` (for
+the control plane) and the :class:`WorkerStatus` (for gateways and operators), built from the
+engine without touching Redis."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from data_plane.engine.engine import Engine
+from data_plane.kv.tiered import TieredKVCacheManager
+from shared.policy import Snapshot, columns_from_views
+from shared.policy.columns import WAITING_CODE, pick_ids
+from shared.protocol import StateSnapshot, WorkerStatus
+from shared.protocol.convert import table_from_columns
+
+
+class WorkerIdentity(NamedTuple):
+    worker_id: str
+    epoch: str
+    block_bytes: int
+
+
+def state_snapshot(
+    engine: Engine,
+    identity: WorkerIdentity,
+    snapshot: Snapshot,
+    iteration_time_s: float,
+    plan_source: str,
+) -> StateSnapshot:
+    """``snapshot`` for the wire: its requests as packed columns (the engine's kept queue
+    columns when they are this snapshot's, else built from the views) with each request's
+    DRAM blocks already synced, and the pools' sizes."""
+    kv = engine.kv
+    columns = engine.last_columns
+    if columns is None or len(columns) != len(snapshot.requests):
+        columns = columns_from_views(snapshot.requests)
+    synced = np.zeros(len(columns), np.int64)  # a waiting request holds no blocks
+    tables = kv.tables
+    holding = np.flatnonzero(columns.states != WAITING_CODE)
+    synced[holding] = [
+        table.num_synced if (table := tables.get(rid)) else 0
+        for rid in pick_ids(columns.request_ids, holding)
+    ]
+    dram = getattr(kv, "dram", None)
+    link = kv.link_bytes_per_s if isinstance(kv, TieredKVCacheManager) else 0.0
+    return StateSnapshot(
+        worker_id=identity.worker_id,
+        epoch=identity.epoch,
+        iteration=snapshot.iteration,
+        t_now_s=snapshot.t_now_s,
+        requests=table_from_columns(columns, synced),
+        num_free_hbm_blocks=snapshot.num_free_hbm_blocks,
+        num_free_dram_blocks=snapshot.num_free_dram_blocks,
+        num_hbm_blocks=kv.hbm.num_blocks,
+        num_dram_blocks=dram.num_blocks if dram is not None else 0,
+        block_size=snapshot.block_size,
+        block_bytes=identity.block_bytes,
+        max_num_batched_tokens=snapshot.max_num_batched_tokens,
+        max_num_seqs=snapshot.max_num_seqs,
+        b_xfer_blocks=snapshot.b_xfer_blocks,
+        iteration_time_s=iteration_time_s,
+        link_bytes_per_s=link,  # measured by the transfer engine; 0.0 until a copy ended
+        plan_source=plan_source,
+    )
+
+
+def worker_status(
+    engine: Engine,
+    identity: WorkerIdentity,
+    now: float,
+    *,
+    model_name: str,
+    mean_iteration_s: float,
+    plan_source: str,
+    policy: str,
+    accepting: bool,
+) -> WorkerStatus:
+    """The worker's health and load: queues, KV usage per tier, plan source, counters."""
+    kv = engine.kv
+    stats = getattr(kv, "tiered_stats", None)
+    dram = getattr(kv, "dram", None)
+    block_bytes = identity.block_bytes
+    return WorkerStatus(
+        worker_id=identity.worker_id,
+        epoch=identity.epoch,
+        t_heartbeat_s=now,
+        model_name=model_name,
+        max_model_len=engine.max_model_len,
+        num_running=len(engine.running),
+        num_waiting=len(engine.waiting),
+        num_rotary=len(engine.rotary),
+        num_waiting_tokens=sum(len(r.prompt_token_ids) for r in engine.waiting),
+        num_hbm_blocks=kv.hbm.num_blocks,
+        num_free_hbm_blocks=kv.hbm.num_free,
+        num_dram_blocks=dram.num_blocks if dram is not None else 0,
+        num_free_dram_blocks=dram.num_free if dram is not None else 0,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        iteration_time_s=mean_iteration_s,
+        plan_source=plan_source,
+        policy=policy,
+        accepting=accepting,
+        num_preemptions=engine.stats.num_preemptions,
+        num_rotations_out=engine.stats.num_rotations_out,
+        num_rotations_in=engine.stats.num_rotations_in,
+        bytes_h2d=stats.blocks_loaded * block_bytes if stats else 0,
+        bytes_d2h=(stats.blocks_synced + stats.blocks_evicted) * block_bytes if stats else 0,
+    )
