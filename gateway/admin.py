@@ -102,8 +102,10 @@ async def post_api_key(request: Request, body: Annotated[dict[str, Any], Body()]
 
 @router.delete("/api-keys/{key_id}")
 async def remove_api_key(key_id: str, request: Request) -> dict[str, Any]:
-    if not await delete_api_key(_state(request).redis, key_id):
+    state = _state(request)
+    if not await delete_api_key(state.redis, key_id):
         raise APIError(404, "no such API key", code="not_found")
+    state.api_keys.clear()  # here at once; other gateways at their next refresh
     return {"deleted": key_id}
 
 

@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import admin, openai_routes
 from gateway.errors import error_body, install_error_handlers
+from gateway.fastlane import FastLane
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 
@@ -36,6 +37,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app = FastAPI(title="SuperInfer gateway", version="0.1.0", lifespan=lifespan)
     app.state.gateway = state
     install_error_handlers(app)
+    app.add_middleware(FastLane, routes=openai_routes.fast_routes())  # inside the body limit
     app.add_middleware(_BodyLimit, max_body_bytes=settings.max_body_bytes)
     app.include_router(openai_routes.router)
     if not settings.admin_disabled:

@@ -1,5 +1,7 @@
 """Requests out to workers, token outputs back: one reader task per gateway fans the messages
-of its output stream out to the waiting responses, dropping what a redelivery repeats."""
+of its output stream out to the waiting responses, dropping what a redelivery repeats. The
+submit, the reader's XREAD and the lifecycle writes each have a Redis connection of their own
+(:mod:`gateway.bus`); a submit or write that finds its connection busy takes the pool."""
 
 from __future__ import annotations
 
@@ -156,16 +158,9 @@ class Dispatcher:
         if self._last_id == "$":
             newest: Any = await self.redis.xrevrange(self.reply_stream, count=1)
             self._last_id = newest[0][0] if newest else "0-0"
-        raw = await self._reader.execute(
-            "XREAD",
-            "COUNT",
-            1024,
-            "BLOCK",
-            self.block_ms,
-            "STREAMS",
-            self.reply_stream,
-            self._last_id,
-        )
+        last_id, block_ms = self._last_id, self.block_ms
+        args = ("XREAD", "COUNT", 1024, "BLOCK", block_ms, "STREAMS", self.reply_stream, last_id)
+        raw = await self._reader.execute(*args)
         response: Any = self.redis.response_callbacks["XREAD"](raw)
         for entry_id, msg in stream_messages(response, TokenOutput, "malformed_output_message"):
             self._last_id = entry_id

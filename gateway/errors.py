@@ -52,10 +52,22 @@ def error_body(
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def api_error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+def http_error_response(exc: StarletteHTTPException) -> JSONResponse:
+    return JSONResponse(
+        error_body(exc.status_code, str(exc.detail)),
+        status_code=exc.status_code,
+        headers=getattr(exc, "headers", None),
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+        return api_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -66,11 +78,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(
-            error_body(exc.status_code, str(exc.detail)),
-            status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
-        )
+        return http_error_response(exc)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -15,12 +15,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 
-from gateway.auth import bearer, lookup_api_key
+from gateway.auth import bearer
 from gateway.chat import ChatTemplateError
 from gateway.errors import APIError
+from gateway.fastlane import FastRoutes
 from gateway.generation import Generation, GenerationParams
 from gateway.openai_models import ChatCompletionRequest, CompletionRequest, SamplingFields
-from gateway.sse import DONE, ChunkBuilder, ChunkFormat, SseResponse
+from gateway.sse import ChunkBuilder, ChunkFormat, SseResponse
 from gateway.state import GatewayState
 
 router = APIRouter()
@@ -99,6 +100,14 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
         {**head, "object": "text_completion", "choices": [choice], "usage": _usage(generation)},
         request_id,
     )
+
+
+def fast_routes() -> FastRoutes:
+    """The routes above for :class:`gateway.fastlane.FastLane`: path -> (body model, endpoint)."""
+    return {
+        "/v1/chat/completions": (ChatCompletionRequest, chat_completions),
+        "/v1/completions": (CompletionRequest, completions),
+    }
 
 
 # ---- request -> generation parameters ---------------------------------------------------
@@ -181,7 +190,7 @@ async def _api_key(
     """(tenant, default SLO class, key id) of the request's API key, if it has a known one."""
     key = bearer(request)
     try:
-        info = await lookup_api_key(state.redis, key) if key else None
+        info = await state.api_keys.lookup(key) if key else None
     except RedisError as exc:
         raise APIError(503, f"could not check the API key: {exc}", code="bus") from exc
     if info is None and state.settings.require_api_key:
@@ -274,7 +283,6 @@ def _sse(
                 yield chunks.event({**final, "choices": [], "usage": _usage(generation)})
         except APIError as exc:
             yield f"data: {json.dumps(exc.body())}\n\n".encode()
-        yield DONE
 
     headers = {"x-request-id": generation.request_id, "cache-control": "no-cache"}
     return SseResponse(events(), headers, lambda: generation.service.finish(generation))

@@ -10,6 +10,7 @@ import uuid
 import structlog
 from redis.asyncio import BlockingConnectionPool, Redis
 
+from gateway.auth import ApiKeyCache
 from gateway.chat import ChatRenderer
 from gateway.dispatcher import Dispatcher
 from gateway.generation import GenerationService
@@ -39,6 +40,7 @@ class GatewayState:
         )
         self.redis = Redis.from_pool(pool)  # closing the client closes the pool
         self.directory = WorkerDirectory(self.redis, settings)
+        self.api_keys = ApiKeyCache(self.redis)
         self.dispatcher = Dispatcher(
             self.redis, self.gateway_id, settings.max_buffered_outputs, settings.output_block_ms
         )
@@ -53,12 +55,14 @@ class GatewayState:
     async def start(self) -> None:
         with contextlib.suppress(Exception):  # readiness reports it if Redis is away
             await self.directory.refresh()
+            await self.api_keys.refresh()
         self._refresher = asyncio.create_task(loop_with_backoff(self._refresh, self._stop))
         self.dispatcher.start()
         log.info("gateway_started", gateway_id=self.gateway_id, model=self.model_name)
 
     async def _refresh(self) -> None:
         await self.directory.refresh()
+        await self.api_keys.refresh()
         await self.generations.check_workers()
         await asyncio.sleep(self.settings.directory_refresh_s)
 

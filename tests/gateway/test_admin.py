@@ -109,6 +109,14 @@ def test_api_keys_carry_a_default_class(served: Served, admin: httpx.Client) -> 
     lifecycle = admin.get(f"/admin/v1/requests/{response.json()['id']}").json()["lifecycle"]
     assert lifecycle["slo_class"] == "batch"
     assert admin.delete(f"/admin/v1/api-keys/{created.json()['key_id']}").status_code == 200
+    response = httpx.post(  # the gateway's key cache forgets it at once
+        f"{served.url}/v1/completions",
+        json={"prompt": "Once", "max_tokens": 2},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+    lifecycle = admin.get(f"/admin/v1/requests/{response.json()['id']}").json()["lifecycle"]
+    assert lifecycle["slo_class"] == "standard"
 
 
 def test_workers_endpoint_reports_state_and_plan_source(admin: httpx.Client) -> None:
