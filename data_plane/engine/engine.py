@@ -27,9 +27,8 @@ from shared.policy import (
     RequestState,
     RequestView,
     Snapshot,
-    columns_from_views,
 )
-from shared.policy.columns import concat_columns, empty_columns
+from shared.policy.columns import column_arrays_from_views, concat_column_arrays
 from shared.tokenizer import Tokenizer
 
 Planner = Callable[[Snapshot | ColumnarSnapshot], Plan]
@@ -219,11 +218,14 @@ class Engine:
         return snapshot
 
     def _columns(self, running_views: Sequence[RequestView]) -> RequestColumns:
-        """Running (from their views), waiting and rotary requests as columns."""
-        running = columns_from_views(running_views)
-        rotary = self.rotary.columns(self._rotary_counts()) if self.rotary else empty_columns()
-        waiting = self.waiting.columns() if self.waiting else empty_columns()
-        return concat_columns((running, waiting, rotary))
+        """Running (from their views), waiting and rotary requests as columns, copied once
+        out of the queues' buffers."""
+        parts = [column_arrays_from_views(running_views)] if running_views else []
+        if self.waiting:
+            parts.append(self.waiting.column_arrays())
+        if self.rotary:
+            parts.append(self.rotary.column_arrays(self._rotary_counts()))
+        return concat_column_arrays(parts)
 
     def _rotary_counts(self) -> dict[str, Any]:
         """What changes while a request is rotary: blocks per tier as its copies complete,

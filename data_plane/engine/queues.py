@@ -87,16 +87,21 @@ class RequestQueue:
     def columns(self, overrides: dict[str, Any] | None = None) -> RequestColumns:
         """The requests as columns, in order (copies: the snapshot keeps them while the
         queue changes); ``overrides`` replaces whole columns (e.g. fresh block counts)."""
+        arrays = self.column_arrays(overrides)
+        return RequestColumns(**{name: values.copy() for name, values in arrays.items()})
+
+    def column_arrays(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """:meth:`columns` as :class:`RequestColumns` keyword arguments, NOT copied (views
+        of the queue's buffers, valid until it changes: for a caller that copies them at
+        once, e.g. :func:`~shared.policy.columns.concat_column_arrays`)."""
         num = len(self._requests)
-        arrays: dict[str, Any] = {name: self._arrays[name][:num].copy() for name in _COLUMNS}
-        arrays["resident"] = self._resident[:num].copy()
+        arrays: dict[str, Any] = {name: self._arrays[name][:num] for name in _COLUMNS}
+        arrays["resident"] = self._resident[:num]
         if overrides:
             arrays |= overrides
-        return RequestColumns(
-            request_ids=list(self._ids),
-            states=np.full(num, STATE_CODES[self.state], np.uint8),
-            **arrays,
-        )
+        arrays["request_ids"] = self._ids
+        arrays["states"] = np.full(num, STATE_CODES[self.state], np.uint8)
+        return arrays
 
     def _index(self, request: Request) -> int:
         for index, queued in enumerate(self._requests):  # identity: requests have eq=False

@@ -143,21 +143,24 @@ _OPTIONAL_FLOATS = frozenset({"t_run_s", "t_last_s", "slo_ttft_s", "slo_tbt_s"})
 def columns_from_views(views: Sequence[RequestView]) -> RequestColumns:
     """The views as columns (None -> NaN): one C-level pass per field, about 0.5 us per
     request in all (the engine's in-process snapshot; the control plane never needs it)."""
-    num = len(views)
-    if not num:
+    if not views:
         return empty_columns()
+    return RequestColumns(**column_arrays_from_views(views))
+
+
+def column_arrays_from_views(views: Sequence[RequestView]) -> dict[str, Any]:
+    """:func:`columns_from_views`' fields, as keyword arguments of :class:`RequestColumns`."""
+    num = len(views)
     states = map(STATE_CODES.__getitem__, map(attrgetter("state"), views))
     arrays: dict[str, Any] = {
         name: _floats(map(attrgetter(name), views), name, num) for name in FLOAT_FIELDS
     }
     for name in INT_FIELDS:
         arrays[name] = np.fromiter(map(attrgetter(name), views), np.int64, num)
-    return RequestColumns(
-        request_ids=list(map(attrgetter("request_id"), views)),
-        states=np.fromiter(states, np.uint8, num),
-        resident=np.fromiter(map(attrgetter("resident"), views), np.bool_, num),
-        **arrays,
-    )
+    arrays["request_ids"] = list(map(attrgetter("request_id"), views))
+    arrays["states"] = np.fromiter(states, np.uint8, num)
+    arrays["resident"] = np.fromiter(map(attrgetter("resident"), views), np.bool_, num)
+    return arrays
 
 
 def _floats(values: Iterator[float | None], name: str, num: int) -> Floats:
@@ -175,17 +178,21 @@ def empty_columns() -> RequestColumns:
     )
 
 
-def concat_columns(parts: Sequence[RequestColumns]) -> RequestColumns:
-    """The parts' rows one after the other (request ids as one list)."""
-    parts = [part for part in parts if len(part)]
-    if len(parts) <= 1:
-        return parts[0] if parts else empty_columns()
+_ALL = ("request_ids", "states", *FLOAT_FIELDS, *INT_FIELDS, "resident")
+
+
+def concat_column_arrays(parts: Sequence[dict[str, Any]]) -> RequestColumns:
+    """Columns from parts given as :class:`RequestColumns` keyword arguments (each field a
+    sequence, the request ids a list), concatenated, always copied: one object built for a
+    snapshot assembled from several cached parts."""
+    parts = [part for part in parts if len(part["request_ids"])]
+    if not parts:
+        return empty_columns()
     request_ids: list[str] = []
     for part in parts:
-        request_ids.extend(part.request_ids)
+        request_ids.extend(part["request_ids"])
     arrays: dict[str, Any] = {
-        name: np.concatenate([getattr(part, name) for part in parts])
-        for name in ("states", *FLOAT_FIELDS, *INT_FIELDS, "resident")
+        name: np.concatenate([part[name] for part in parts]) for name in _ALL[1:]
     }
     return RequestColumns(request_ids=request_ids, **arrays)
 
