@@ -79,7 +79,9 @@ class Engine:
         self.planner = planner
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
-        self.max_model_len = max_model_len
+        # a request's KV must fit the HBM pool to run at all: one that grew past it could
+        # never come back from DRAM (and, rotary at the head of L, would hold the room forever)
+        self.max_model_len = min(max_model_len, kv.hbm.num_blocks * kv.block_size + 1)
         self.eos_token_ids = eos_token_ids
         self.tokenizer = tokenizer
         self.clock = clock

@@ -301,3 +301,37 @@ def test_kept_columns_match_the_views_the_planner_saw() -> None:
             assert np.array_equal(getattr(got, name), getattr(expected, name), equal_nan=True)
         states_seen.update(got.states.tolist())
     assert states_seen == {0, 1, 2}  # waiting, running and rotary rows were all compared
+
+
+def test_a_request_stops_at_the_hbm_pool_not_at_the_model_context() -> None:
+    """A request may not grow past what HBM holds (the model's context can be far larger):
+    it ends with "length" there, instead of rotating out for good and, at the head of L,
+    holding the room every request ranked below it waits for (a worker that serves nothing)."""
+    setup = SimSetup(GH200, hbm_kv_gib=0.02, dram_kv_gib=1.0, b_xfer=64, max_num_seqs=8)
+    parts = build_parts("lvf", Knobs(), setup)
+    kv = parts.engine.kv
+    engine = Engine(
+        executor=parts.executor,
+        kv=kv,
+        planner=parts.engine.planner,
+        max_num_batched_tokens=setup.max_num_batched_tokens,
+        max_num_seqs=setup.max_num_seqs,
+        max_model_len=10**6,  # a model's context, as a worker passes it
+        clock=parts.clock,
+        columnar=True,
+    )
+    capacity = kv.hbm.num_blocks * kv.block_size
+    assert engine.max_model_len == capacity + 1
+    engine.add_request(
+        "long", [1] * (capacity - 5), SamplingParams(max_tokens=100, ignore_eos=True)
+    )
+    reasons: dict[str, str] = {}
+    for step in range(3000):
+        if step % 20 == 0 and step < 1500:
+            small = SamplingParams(max_tokens=5, ignore_eos=True)
+            engine.add_request(f"s{step}", [1] * 20, small, t_arr_s=parts.clock.now)
+        for out in engine.step():
+            if out.finished:
+                reasons[out.request_id] = str(out.finish_reason)
+    assert len(reasons) == 76 and not engine.has_unfinished()
+    assert reasons["long"] == "length"
