@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 
 from control_plane.settings import ControlPlaneSettings
 from shared import streams
-from shared.costmodel import measured_b_xfer_blocks
+from shared.costmodel import resolve_b_xfer_blocks
 from shared.knobs import read_knobs
 from shared.policy import ColumnarSnapshot, Knobs, Plan, make_plan
 from shared.policy.lvf_columnar import lvf_columnar
@@ -47,10 +47,8 @@ def to_policy_snapshot(msg: StateSnapshot, b_xfer_blocks: int) -> ColumnarSnapsh
 def resolve_b_xfer(knobs: Knobs, msg: StateSnapshot) -> int:
     """A fixed budget, or ``auto``: the worker's measured link bandwidth x its iteration time,
     in blocks (its current budget while no bandwidth has been measured)."""
-    if knobs.b_xfer is not None:
-        return knobs.b_xfer
-    return measured_b_xfer_blocks(
-        msg.link_bytes_per_s, msg.iteration_time_s, msg.block_bytes, msg.b_xfer_blocks
+    return resolve_b_xfer_blocks(
+        knobs.b_xfer, msg.link_bytes_per_s, msg.iteration_time_s, msg.block_bytes, msg.b_xfer_blocks
     )
 
 

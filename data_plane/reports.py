@@ -9,7 +9,6 @@ from typing import NamedTuple
 import numpy as np
 
 from data_plane.engine.engine import Engine
-from data_plane.kv.tiered import TieredKVCacheManager
 from shared.policy import Snapshot, columns_from_views
 from shared.policy.columns import WAITING_CODE, pick_ids
 from shared.protocol import StateSnapshot, WorkerStatus
@@ -44,7 +43,6 @@ def state_snapshot(
         for rid in pick_ids(columns.request_ids, holding)
     ]
     dram = getattr(kv, "dram", None)
-    link = kv.link_bytes_per_s if isinstance(kv, TieredKVCacheManager) else 0.0
     return StateSnapshot(
         worker_id=identity.worker_id,
         epoch=identity.epoch,
@@ -61,7 +59,7 @@ def state_snapshot(
         max_num_seqs=snapshot.max_num_seqs,
         b_xfer_blocks=snapshot.b_xfer_blocks,
         iteration_time_s=iteration_time_s,
-        link_bytes_per_s=link,  # measured by the transfer engine; 0.0 until a copy ended
+        link_bytes_per_s=kv.link_bytes_per_s,  # measured by the transfer engine; 0 until then
         plan_source=plan_source,
     )
 

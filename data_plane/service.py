@@ -27,7 +27,7 @@ from data_plane.planner import HybridPlanner
 from data_plane.reports import WorkerIdentity, state_snapshot, worker_status
 from data_plane.settings import WorkerSettings
 from shared import streams
-from shared.costmodel import measured_b_xfer_blocks
+from shared.costmodel import resolve_b_xfer_blocks
 from shared.knobs import read_knobs
 from shared.policy import Knobs, Snapshot
 from shared.protocol import (
@@ -132,13 +132,14 @@ class Worker:
         kv = self.engine.kv
         if self.planner.source != "local" or not isinstance(kv, TieredKVCacheManager):
             return
-        fixed = self.planner.knobs.b_xfer
-        if fixed is not None:
-            kv.b_xfer_blocks = max(1, fixed)
-            return
-        kv.b_xfer_blocks = measured_b_xfer_blocks(
-            kv.link_bytes_per_s, iteration_time_s, self.block_bytes, kv.b_xfer_blocks
+        budget = resolve_b_xfer_blocks(
+            self.planner.knobs.b_xfer,
+            kv.link_bytes_per_s,
+            iteration_time_s,
+            self.block_bytes,
+            kv.b_xfer_blocks,
         )
+        kv.b_xfer_blocks = max(1, budget)  # as a remote plan's is applied (_read_plans)
 
     async def _ensure_group(self) -> None:
         try:

@@ -159,6 +159,21 @@ def measured_b_xfer_blocks(
     return b_xfer_blocks_at_rate(link_bytes_per_s, iteration_s, block_bytes)
 
 
+def resolve_b_xfer_blocks(
+    knob: int | None,
+    link_bytes_per_s: float,
+    iteration_s: float,
+    block_bytes: int,
+    current_blocks: int,
+) -> int:
+    """The budget a worker runs with: the ``b_xfer`` knob when fixed, else (``auto``)
+    :func:`measured_b_xfer_blocks`. The control plane puts it in its plans and a worker
+    planning locally sets it itself, with this one function."""
+    if knob is not None:
+        return knob
+    return measured_b_xfer_blocks(link_bytes_per_s, iteration_s, block_bytes, current_blocks)
+
+
 def builtin_profile_names() -> list[str]:
     """Names of the profiles shipped in ``shared/policy/profiles``."""
     folder = resources.files(_PROFILE_PACKAGE).joinpath(_PROFILE_DIR)

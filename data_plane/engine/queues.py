@@ -8,7 +8,7 @@ per iteration was the engine's hot path (the simulator spent 80 % of a 120 s run
 list and as numpy columns (for the columnar LVF) in queue order. A join at either end or a
 leave anywhere costs one write per column, or one C-level shift of the columns. Rotary
 requests are as still, except for their block counts and residency while copies complete: the
-engine reads those three columns afresh (:meth:`RequestQueue.columns` ``overrides``).
+engine reads those three columns afresh (:meth:`RequestQueue.column_arrays` ``overrides``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from data_plane.engine.request import Request
-from shared.policy import RequestColumns, RequestState, RequestView
+from shared.policy import RequestState, RequestView
 from shared.policy.columns import FLOAT_FIELDS, INT_FIELDS, STATE_CODES
 
 _NAN = float("nan")
@@ -28,11 +28,11 @@ _COLUMNS = (*FLOAT_FIELDS, *INT_FIELDS)
 
 class RequestQueue:
     """Requests in one ``state`` in order (``append``, ``appendleft``, ``remove``), with
-    :meth:`views` and :meth:`columns` for the policy's snapshot.
+    :meth:`views` and :meth:`column_arrays` for the policy's snapshot.
 
     ``make_view`` builds a request's view when it joins (the engine's, which reads the KV
     manager); the request must not change while it is here (the engine only changes a
-    request after taking it out), except for what :meth:`columns` is told to override.
+    request after taking it out), except for what :meth:`column_arrays` is told to override.
     """
 
     def __init__(
@@ -69,7 +69,7 @@ class RequestQueue:
         self._insert(0, request)
 
     def remove(self, request: Request) -> None:
-        """Take ``request`` out (by identity); ValueError if it is not waiting here."""
+        """Take ``request`` out (by identity); ValueError if it is not here."""
         index = self._index(request)
         del self._requests[index], self._views[index], self._ids[index]
         end = len(self._requests) + 1
@@ -77,23 +77,18 @@ class RequestQueue:
             array[index : end - 1] = array[index + 1 : end]
 
     def views(self) -> list[RequestView]:
-        """The waiting requests' views, in queue order (do not modify the list)."""
+        """The requests' views, in order (do not modify the list)."""
         return self._views
 
     def request_ids(self) -> list[str]:
         """The requests' ids, in order (do not modify the list)."""
         return self._ids
 
-    def columns(self, overrides: dict[str, Any] | None = None) -> RequestColumns:
-        """The requests as columns, in order (copies: the snapshot keeps them while the
-        queue changes); ``overrides`` replaces whole columns (e.g. fresh block counts)."""
-        arrays = self.column_arrays(overrides)
-        return RequestColumns(**{name: values.copy() for name, values in arrays.items()})
-
     def column_arrays(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-        """:meth:`columns` as :class:`RequestColumns` keyword arguments, NOT copied (views
-        of the queue's buffers, valid until it changes: for a caller that copies them at
-        once, e.g. :func:`~shared.policy.columns.concat_column_arrays`)."""
+        """The requests as :class:`~shared.policy.RequestColumns` keyword arguments, in
+        order; ``overrides`` replaces whole columns (e.g. fresh block counts). NOT copied:
+        views of the queue's buffers, valid until it changes, for a caller that copies them
+        at once (:func:`~shared.policy.columns.concat_column_arrays`)."""
         num = len(self._requests)
         arrays: dict[str, Any] = {name: self._arrays[name][:num] for name in _COLUMNS}
         arrays["resident"] = self._resident[:num]

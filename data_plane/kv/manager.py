@@ -55,6 +55,11 @@ class KVCacheManager:
     def num_free_dram_blocks(self) -> int:
         return 0
 
+    @property
+    def link_bytes_per_s(self) -> float:
+        """Measured host-link bandwidth; no link without a DRAM tier."""
+        return 0.0
+
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

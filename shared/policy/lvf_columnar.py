@@ -157,12 +157,12 @@ def _recompute_newest(columns: RequestColumns, running: Ints, rotated: Ints, sho
     requests to preempt by recompute until ``shortage`` blocks are freed."""
     if shortage <= 0:
         return _EMPTY
-    newest_first = running[::-1]
     leaves = np.zeros(len(columns), np.bool_)
     leaves[rotated] = True
+    newest_first = running[::-1]
+    newest_first = newest_first[~leaves[newest_first] & columns.resident[newest_first]]
     held = columns.num_blocks_hbm[newest_first]
-    newest_first = newest_first[~leaves[newest_first] & (held > 0) & columns.resident[newest_first]]
-    held = columns.num_blocks_hbm[newest_first]
+    newest_first, held = newest_first[held > 0], held[held > 0]
     count = int(np.searchsorted(np.cumsum(held) - held, shortage, side="left"))
     return newest_first[:count]
 

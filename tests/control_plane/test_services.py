@@ -6,15 +6,12 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from dataclasses import replace
-from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from redis.asyncio import Redis
 
-from control_plane.service import ControlPlane, resolve_b_xfer
+from control_plane.service import ControlPlane
 from control_plane.settings import ControlPlaneSettings
 from data_plane.engine.config import EngineConfig
 from data_plane.engine.llm import build_engine, generate
@@ -25,7 +22,6 @@ from data_plane.service import Worker
 from data_plane.settings import WorkerSettings
 from shared import streams
 from shared.knobs import write_knobs
-from shared.policy import Knobs, RequestState, RequestView, Snapshot
 from shared.protocol import (
     RotationPlan,
     StateSnapshot,
@@ -34,7 +30,6 @@ from shared.protocol import (
     decode,
     encode,
 )
-from shared.protocol.convert import rows_from_table, table_from_rows
 from tests.redis_support import redis_url
 
 REPLY = "superinfer:gateway:test:outputs"
@@ -307,25 +302,6 @@ async def test_one_control_plane_steers_two_workers(
     assert first.worker.planner.num_remote > 0 and second.worker.planner.num_remote > 0
 
 
-def _state_snapshot(link_bytes_per_s: float, iteration_time_s: float) -> StateSnapshot:
-    return StateSnapshot(
-        "w0", "e1", 7, 1.0, table_from_rows([]), 10, 20, 30, 40, 16, 2 << 20, 2048, 256, 64,
-        iteration_time_s, link_bytes_per_s, "remote",
-    )  # fmt: skip
-
-
-def test_resolve_b_xfer_auto_uses_the_measured_link() -> None:
-    auto, fixed = Knobs(b_xfer=None), Knobs(b_xfer=300)
-    block = 2 << 20
-    for rate, t in ((5e10, 0.05), (1.8e11, 0.028), (3e9, 0.0011), (7.7e9, 0.013)):
-        msg = _state_snapshot(rate, t)
-        assert resolve_b_xfer(auto, msg) == max(1, math.floor(rate * t / block))
-        assert resolve_b_xfer(fixed, msg) == 300
-    assert resolve_b_xfer(auto, _state_snapshot(5e10, 0.05)) == 1192  # 2.5e9 B / 2 MiB
-    assert resolve_b_xfer(auto, _state_snapshot(0.0, 0.05)) == 64  # unmeasured: its budget
-    assert resolve_b_xfer(auto, _state_snapshot(1e6, 0.001)) == 1  # at least one block
-
-
 async def test_measured_link_reaches_snapshots_and_auto_plans(
     redis_client, stories_setup, stories_path
 ) -> None:
@@ -363,26 +339,6 @@ async def test_measured_link_reaches_snapshots_and_auto_plans(
     print(
         f"link {link / 1e9:.2f} GB/s, block {block} B, budgets {[p.b_xfer_blocks for p in checked]}"
     )
-
-
-def test_a_snapshot_that_cannot_travel_is_skipped_not_fatal() -> None:
-    kv = SimpleNamespace(tables={}, hbm=SimpleNamespace(num_blocks=8))
-    worker = SimpleNamespace(
-        engine=SimpleNamespace(kv=kv, last_columns=None),
-        settings=SimpleNamespace(worker_id="w0"),
-        epoch="e1",
-        block_bytes=64,
-        planner=SimpleNamespace(source="local"),
-    )
-    worker._snapshot_message = partial(Worker._snapshot_message, worker)
-    view = RequestView("r", RequestState.WAITING, t_arr_s=float("nan"), num_tokens=3)
-    bad = Snapshot(1.0, (view,), 4, 0, 4, 64, 8, iteration=3)
-    assert Worker._snapshot_bytes(worker, bad, 0.01) is None  # logged, the worker goes on
-    good = replace(bad, requests=(view._replace(t_arr_s=0.5),))
-    data = Worker._snapshot_bytes(worker, good, 0.01)
-    assert data is not None
-    msg = decode(data, StateSnapshot)
-    assert rows_from_table(msg.requests)[0].t_arr_s == 0.5 and msg.iteration == 3
 
 
 async def test_engine_that_keeps_failing_ends_requests_with_an_error(

@@ -11,23 +11,12 @@ from data_plane.engine.queues import RequestQueue
 from data_plane.engine.request import Request
 from data_plane.engine.sampling import SamplingParams
 from shared.policy import RequestState, RequestView, columns_from_views
-from shared.policy.columns import FLOAT_FIELDS, INT_FIELDS
+from shared.policy.columns import FLOAT_FIELDS, INT_FIELDS, RequestColumns, concat_column_arrays
+from tests.data_plane.views import view_by_name
 
 
 def view_of(request: Request) -> RequestView:
-    return RequestView(
-        request_id=request.request_id,
-        state=request.state,
-        t_arr_s=request.t_arr_s,
-        num_tokens=request.num_tokens,
-        t_run_s=request.t_run_s,
-        t_last_s=request.t_last_s,
-        priority=request.priority,
-        arrival_seq=request.arrival_seq,
-        slo_ttft_s=request.slo_ttft_s,
-        slo_tbt_s=request.slo_tbt_s,
-        resident=request.arrival_seq % 3 != 0,
-    )
+    return view_by_name(request, resident=request.arrival_seq % 3 != 0)
 
 
 def make_request(seq: int, rng: random.Random) -> Request:
@@ -45,11 +34,16 @@ def make_request(seq: int, rng: random.Random) -> Request:
     )
 
 
+def snapshot_columns(queue: RequestQueue, overrides: dict | None = None) -> RequestColumns:
+    """The queue's columns as the engine's snapshot takes them (copied out of its buffers)."""
+    return concat_column_arrays([queue.column_arrays(overrides)])
+
+
 def assert_same(queue: RequestQueue, reference: list[Request]) -> None:
     assert list(queue) == reference and len(queue) == len(reference)
     expected_views = [view_of(r) for r in reference]
     assert queue.views() == expected_views
-    got, expected = queue.columns(), columns_from_views(expected_views)
+    got, expected = snapshot_columns(queue), columns_from_views(expected_views)
     assert list(got.request_ids) == list(expected.request_ids)
     for name in ("states", *INT_FIELDS, "resident"):
         assert np.array_equal(getattr(got, name), getattr(expected, name)), name
@@ -90,7 +84,7 @@ def test_columns_are_copies_and_bad_input_is_refused() -> None:
     queue = RequestQueue(view_of)
     first = make_request(1, rng)
     queue.append(first)
-    columns = queue.columns()
+    columns = snapshot_columns(queue)
     queue.appendleft(make_request(2, rng))
     assert columns.arrival_seq.tolist() == [1]  # a snapshot taken earlier does not change
     with pytest.raises(ValueError, match="not waiting here"):
@@ -109,7 +103,7 @@ def test_a_rotary_queue_codes_its_state_and_takes_fresh_counts() -> None:
         request.state = RequestState.ROTARY
         queue.append(request)
     fresh = np.array([5, 0, 7], np.int64)
-    columns = queue.columns({"num_blocks_hbm": fresh})
+    columns = snapshot_columns(queue, {"num_blocks_hbm": fresh})
     assert columns.states.tolist() == [2, 2, 2]  # ROTARY_CODE
     assert columns.num_blocks_hbm.tolist() == [5, 0, 7]
     assert columns.arrival_seq.tolist() == [0, 1, 2]

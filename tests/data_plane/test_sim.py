@@ -28,9 +28,10 @@ from data_plane.sim.cli import add_simulate_arguments, run_simulate
 from data_plane.sim.setup import SimParts, build_parts
 from data_plane.transfer.base import BlockCopy
 from shared.costmodel import iteration_time_s, load_profile, transfer_time_s
-from shared.policy import POLICY_NAMES, Knobs, Plan, RequestView, Snapshot, columns_from_views
+from shared.policy import POLICY_NAMES, Knobs, Plan, Snapshot, columns_from_views
 from shared.policy.columns import FLOAT_FIELDS, INT_FIELDS
 from shared.traces import TraceRequest, load_trace
+from tests.data_plane.views import view_by_name
 
 H200 = load_profile("h200-llama3-8b")
 GH200 = load_profile("gh200-llama3-8b")
@@ -254,20 +255,10 @@ def test_engine_views_carry_every_field_by_name() -> None:
     for view in snapshot.requests:
         request = engine.requests[view.request_id]
         table = engine.kv.table(view.request_id)
-        expected = RequestView(
-            request_id=request.request_id,
-            state=request.state,
-            t_arr_s=request.t_arr_s,
-            num_tokens=request.num_tokens,
-            num_computed_tokens=request.num_computed_tokens,
+        expected = view_by_name(
+            request,
             num_blocks_hbm=table.num_hbm if table else 0,
             num_blocks_dram=table.num_dram if table else 0,
-            t_run_s=request.t_run_s,
-            t_last_s=request.t_last_s,
-            priority=request.priority,
-            arrival_seq=request.arrival_seq,
-            slo_ttft_s=request.slo_ttft_s,
-            slo_tbt_s=request.slo_tbt_s,
             resident=engine.kv.is_resident(request.request_id),
         )
         assert view == expected

@@ -32,17 +32,24 @@ from tests.shared.policy_views import (
 )
 
 
-def test_fcfs_fallback_when_free_hbm_after_growth_covers_waiting_and_rotary() -> None:
-    # x decodes at a block boundary: its next token needs a new block (growth 1)
-    x = RequestView(
-        "x",
+def at_block_boundary(rid: str, blocks: int, t_last: float | None = None) -> RequestView:
+    """A running request (since t = 1) whose ``blocks`` blocks are full: its next token
+    needs one more block (growth 1)."""
+    return RequestView(
+        rid,
         RequestState.RUNNING,
         t_arr_s=0.0,
-        num_tokens=2 * BS + 1,
-        num_computed_tokens=2 * BS,
-        num_blocks_hbm=2,
+        num_tokens=blocks * BS + 1,
+        num_computed_tokens=blocks * BS,
+        num_blocks_hbm=blocks,
         t_run_s=1.0,
+        t_last_s=t_last,
     )
+
+
+def test_fcfs_fallback_when_free_hbm_after_growth_covers_waiting_and_rotary() -> None:
+    # x decodes at a block boundary: its next token needs a new block (growth 1)
+    x = at_block_boundary("x", 2)
     assert growth_blocks(x, snap(x, free=0)) == 1
     late = waiting("late", t_arr=5.0, blocks=3, seq=2)
     early = rotary("early", t_last=4.0, blocks=3, seq=1)
@@ -254,16 +261,7 @@ def test_tail_scan_spares_requests_unserved_since_they_entered_running() -> None
     plan = make_plan(snapshot, LVF)
     assert plan.rotate_out_ids == ["y"]  # B_swap 8 is left half covered rather than thrash
     # but a real shortage (running growth > free HBM) may take them: vLLM would preempt too
-    x_full = RequestView(
-        "x",
-        RequestState.RUNNING,
-        t_arr_s=0.0,
-        num_tokens=4 * BS + 1,
-        num_computed_tokens=4 * BS,  # its next token needs a 5th block
-        num_blocks_hbm=4,
-        t_run_s=1.0,
-        t_last_s=0.5,
-    )
+    x_full = at_block_boundary("x", 4, t_last=0.5)  # its next token needs a 5th block
     short = snap(x_full, fresh, free=0, xfer=0)  # B_HBM = -1, B_swap = 1
     assert make_plan(short, LVF).rotate_out_ids == ["x"]
 
@@ -287,16 +285,7 @@ def test_without_dram_room_a_real_hbm_shortage_preempts_the_newest_by_recompute(
     # x's next token needs a 5th block and HBM has none: B_HBM = -1, the shortage forces a
     # victim (x, the tail of L); DRAM has no room for it, so the shortage is covered as vLLM
     # covers it: the newest running request (y, last in the running list) is recomputed
-    x_full = RequestView(
-        "x",
-        RequestState.RUNNING,
-        t_arr_s=0.0,
-        num_tokens=4 * BS + 1,
-        num_computed_tokens=4 * BS,
-        num_blocks_hbm=4,
-        t_run_s=1.0,
-        t_last_s=2.0,
-    )
+    x_full = at_block_boundary("x", 4, t_last=2.0)
     y = running("y", t_run=5.0, blocks=4)
     short = snap(x_full, y, free=0, xfer=0, dram=0)
     plan = make_plan(short, LVF)
