@@ -28,6 +28,7 @@ from shared.knobs import write_knobs
 from shared.policy.columns import ROTARY_CODE, RUNNING_CODE, WAITING_CODE, RequestColumns
 from shared.protocol import RotationPlan, StateSnapshot, decode, encode
 from shared.protocol.convert import table_from_columns
+from shared.runtime import collect_due_garbage, garbage_collected_between_iterations
 
 WARMUP_ITERATIONS = 5  # the first plans after start-up (imports, connections) are not counted
 SNAPSHOT_SCALARS = dict(
@@ -57,7 +58,7 @@ def make_columns(num: int, rng: np.random.Generator) -> RequestColumns:
     blocks = -(-computed // 16)
     nan = np.full(num, np.nan)
     return RequestColumns(
-        request_ids=[f"req-{index}" for index in range(num)],
+        request_ids=[f"cmpl-{index:032x}" for index in range(num)],  # the gateway's format
         states=states.astype(np.uint8),
         t_arr_s=now - rng.uniform(0, 30, num),
         t_run_s=np.where(running, now - rng.uniform(0, 10, num), np.nan),
@@ -120,6 +121,7 @@ async def measure(
         latencies.append(latency)
         if got is None or latency > period_s:
             stalled += 1
+        collect_due_garbage()  # as the worker does between iterations
         await asyncio.sleep(max(0.0, period_s - latency))
     return latencies, stalled
 
@@ -177,6 +179,11 @@ async def main_async(args: argparse.Namespace) -> None:
     )
 
 
+async def main_collecting(args: argparse.Namespace) -> None:
+    with garbage_collected_between_iterations():  # the worker's discipline
+        await main_async(args)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument(
@@ -191,7 +198,7 @@ def main() -> None:
         default=50.0,
         help="worker iteration time (the paper's 8B iterations: ~70 ms)",
     )
-    asyncio.run(main_async(parser.parse_args()))
+    asyncio.run(main_collecting(parser.parse_args()))
 
 
 if __name__ == "__main__":

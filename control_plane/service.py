@@ -19,11 +19,15 @@ from control_plane.settings import ControlPlaneSettings
 from shared import streams
 from shared.costmodel import resolve_b_xfer_blocks
 from shared.knobs import read_knobs
-from shared.policy import ColumnarSnapshot, Knobs, Plan, make_plan
-from shared.policy.lvf_columnar import lvf_columnar
+from shared.policy import ColumnarSnapshot, Knobs, make_plan
+from shared.policy.lvf_columnar import lvf_transitions
 from shared.protocol import RotationPlan, StateSnapshot, encode
 from shared.protocol.convert import columns_from_table, stream_messages
-from shared.runtime import loop_with_backoff
+from shared.runtime import (
+    collect_due_garbage,
+    garbage_collected_between_iterations,
+    loop_with_backoff,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -55,22 +59,28 @@ def resolve_b_xfer(knobs: Knobs, msg: StateSnapshot) -> int:
 def plan_for(msg: StateSnapshot, knobs: Knobs, knobs_version: int) -> RotationPlan:
     b_xfer = resolve_b_xfer(knobs, msg)
     snapshot = to_policy_snapshot(msg, b_xfer)
-    plan: Plan
-    if knobs.policy == "lvf":  # only transitions travel: skip building the batch's chunks
-        plan = lvf_columnar(snapshot, knobs, with_schedule=False)
-    else:
+    seqs = snapshot.requests.arrival_seq  # the handles plans name requests by
+    if knobs.policy == "lvf":  # row indices straight to handles: no id, no batch chunks
+        moves = lvf_transitions(snapshot, knobs)
+        transitions = (moves.admit, moves.resume, moves.rotate_out, moves.preempt)
+        admit, resume, rotate_out, preempt = (seqs[rows].tolist() for rows in transitions)
+        fcfs_fallback = moves.fcfs_fallback
+    else:  # a view-walking policy: its ids are the handles in decimal (HandleIds)
         plan = make_plan(snapshot, knobs)
+        ids = (plan.admit_ids, plan.resume_ids, plan.rotate_out_ids, plan.preempt_ids)
+        admit, resume, rotate_out, preempt = ([int(i) for i in group] for group in ids)
+        fcfs_fallback = plan.fcfs_fallback
     return RotationPlan(
         worker_id=msg.worker_id,
         epoch=msg.epoch,
         snapshot_iteration=msg.iteration,
         knobs_version=knobs_version,
         policy=knobs.policy,
-        admit_ids=plan.admit_ids,
-        resume_ids=plan.resume_ids,
-        rotate_out_ids=plan.rotate_out_ids,
-        preempt_ids=plan.preempt_ids,
-        fcfs_fallback=plan.fcfs_fallback,
+        admit_seqs=admit,
+        resume_seqs=resume,
+        rotate_out_seqs=rotate_out,
+        preempt_seqs=preempt,
+        fcfs_fallback=fcfs_fallback,
         t_planned_s=time.time(),
         b_xfer_blocks=b_xfer,
     )
@@ -89,7 +99,8 @@ class ControlPlane:
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("control_plane_started")
-        await loop_with_backoff(self._iterate, stop)
+        with garbage_collected_between_iterations():
+            await loop_with_backoff(self._iterate, stop)
         log.info("control_plane_stopped", num_plans=self.num_plans)
 
     async def _iterate(self) -> None:
@@ -111,24 +122,32 @@ class ControlPlane:
                 newest[msg.worker_id] = msg
         if newest:
             await self._publish_plans(list(newest.values()))
+        collect_due_garbage()  # the plans are out: off the round trip's critical path
 
     async def _publish_plans(self, snapshots: list[StateSnapshot]) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for msg in snapshots:
-                try:
-                    plan = plan_for(msg, self.knobs, self.knobs_version)
-                except (ValueError, KeyError, ArithmeticError) as exc:  # e.g. a huge count
-                    self.num_malformed += 1
-                    log.error("unplannable_snapshot", worker_id=msg.worker_id, error=str(exc))
-                    continue
-                pipe.xadd(
-                    streams.worker_plans_stream(msg.worker_id),
-                    {"m": encode(plan)},
-                    maxlen=streams.MAXLEN_PLANS,
-                    approximate=True,
-                )
-                self.num_plans += 1
-            await pipe.execute()
+        """One XADD per plan, sent together (a single plan, the common case, skips the
+        pipeline object: this is the round trip's critical path)."""
+        commands = []
+        for msg in snapshots:
+            try:
+                plan = plan_for(msg, self.knobs, self.knobs_version)
+            except (ValueError, KeyError, ArithmeticError) as exc:  # e.g. a huge count
+                self.num_malformed += 1
+                log.error("unplannable_snapshot", worker_id=msg.worker_id, error=str(exc))
+                continue
+            stream = streams.worker_plans_stream(msg.worker_id)
+            commands.append((stream, encode(plan)))
+            self.num_plans += 1
+        if len(commands) == 1:
+            stream, data = commands[0]
+            await self.redis.xadd(
+                stream, {"m": data}, maxlen=streams.MAXLEN_PLANS, approximate=True
+            )
+        elif commands:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for stream, data in commands:
+                    pipe.xadd(stream, {"m": data}, maxlen=streams.MAXLEN_PLANS, approximate=True)
+                await pipe.execute()
 
     async def _heartbeat_and_knobs(self) -> None:
         now = time.monotonic()

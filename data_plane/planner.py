@@ -23,6 +23,7 @@ class HybridPlanner:
         self.source = "local"
         self.num_remote = 0
         self.num_local = 0
+        self.num_remote_transitions = 0  # state changes taken from remote plans (still valid)
         self.last_snapshot: Snapshot | None = None
 
     def offer(self, plan: RotationPlan) -> bool:
@@ -57,9 +58,16 @@ class HybridPlanner:
         if self._remote_applied:  # already executed: keep running, wait for the next plan
             return fit_plan(snapshot, [], [], [], [])
         self._remote_applied = True
-        return fit_plan(
-            snapshot, remote.admit_ids, remote.resume_ids, remote.rotate_out_ids, remote.preempt_ids
+        plan = fit_plan(
+            snapshot,
+            remote.admit_seqs,
+            remote.resume_seqs,
+            remote.rotate_out_seqs,
+            remote.preempt_seqs,
         )
+        self.num_remote_transitions += len(plan.admit_ids) + len(plan.resume_ids)
+        self.num_remote_transitions += len(plan.rotate_out_ids) + len(plan.preempt_ids)
+        return plan
 
     def _switch(self, source: str, iteration: int) -> None:
         if source != self.source:

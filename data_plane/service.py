@@ -42,7 +42,11 @@ from shared.protocol import (
     encode,
 )
 from shared.protocol.convert import stream_messages
-from shared.runtime import loop_with_backoff
+from shared.runtime import (
+    collect_due_garbage,
+    garbage_collected_between_iterations,
+    loop_with_backoff,
+)
 from shared.tokenizer import served_model_name
 
 log = structlog.get_logger(__name__)
@@ -90,7 +94,8 @@ class Worker:
         # make gateways think this worker died.
         beat = asyncio.create_task(loop_with_backoff(self._heartbeat, stop))
         try:
-            await loop_with_backoff(self._iterate, stop, self._after_redis_error)
+            with garbage_collected_between_iterations():
+                await loop_with_backoff(self._iterate, stop, self._after_redis_error)
         finally:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -108,8 +113,11 @@ class Worker:
         await self._read_requests(block_ms=None if busy else self.settings.idle_block_ms)
         await self._read_plans()
         self._refresh_status()
-        if not self.engine.has_unfinished():
-            return
+        if self.engine.has_unfinished():
+            await self._step()
+        collect_due_garbage()  # between iterations, not inside a step or the plan round trip
+
+    async def _step(self) -> None:
         t_start = time.perf_counter()
         try:
             outputs = await asyncio.to_thread(self.engine.step)

@@ -1,10 +1,13 @@
-"""Running an asyncio service until SIGINT/SIGTERM, then letting it drain."""
+"""Running an asyncio service until SIGINT/SIGTERM, then letting it drain; garbage collection
+at moments the service chooses."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 import structlog
 from redis.exceptions import RedisError
@@ -51,7 +54,42 @@ async def loop_with_backoff(
                 log.error("redis_error", error=str(exc), retry_in_s=backoff_s)
             else:
                 log.exception("loop_error", error=repr(exc), retry_in_s=backoff_s)
+            collect_due_garbage()  # an iteration that failed did not get to its own
             await asyncio.sleep(backoff_s)
             backoff_s = min(0.5, backoff_s * 2)
             if on_error is not None and isinstance(exc, RedisError):
                 await on_error(exc)
+
+
+@contextlib.contextmanager
+def garbage_collected_between_iterations() -> Iterator[None]:
+    """Within: CPython's automatic collection is off and the service calls
+    :func:`collect_due_garbage` at a moment of its choosing (after it published an iteration's
+    results). Left automatic, a generation-1 pass (0.5-1.5 ms on a small host) fell inside
+    the snapshot -> plan round trip about one snapshot in ten. The heap built at start-up
+    (modules, model, engine) is frozen first, so a full pass never walks it again. Nesting is
+    safe (several services in one process): the outermost exit unfreezes and turns collection
+    back on."""
+    was_enabled = gc.isenabled()
+    if was_enabled:
+        gc.collect()
+        gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.unfreeze()
+            gc.enable()
+
+
+def collect_due_garbage() -> None:
+    """The collection CPython's thresholds call for by now, if any: the oldest generation whose
+    count reached its threshold (its counts keep rising while automatic collection is off)."""
+    counts, thresholds = gc.get_count(), gc.get_threshold()
+    if counts[0] < thresholds[0]:
+        return
+    if counts[1] < thresholds[1]:
+        gc.collect(0)
+    else:
+        gc.collect(2 if counts[2] >= thresholds[2] else 1)

@@ -37,50 +37,35 @@ INT_FIELDS = (
 )
 
 
-class PackedIds:
-    """Request ids as one string plus each id's start: an id is a slice, made only for the
-    ids a plan names (the control plane's snapshots carry them this way)."""
+class HandleIds:
+    """The ids of requests known only by their handle (``arrival_seq``), as the control plane
+    gets them off the wire: each id is the handle in decimal, made only for the ids a plan
+    names (the view-walking policies; the columnar LVF returns row indices)."""
 
-    __slots__ = ("_starts", "_text")
+    __slots__ = ("_seqs",)
 
-    def __init__(self, text: str, lengths: Ints) -> None:
-        starts = np.zeros(len(lengths) + 1, np.int64)
-        np.cumsum(lengths, out=starts[1:])
-        if len(lengths) and (lengths.min() < 0 or starts[-1] != len(text)):
-            raise ValueError("id lengths do not add up to the ids' text")
-        if not len(lengths) and text:
-            raise ValueError("id text without ids")
-        self._text = text
-        self._starts = starts
+    def __init__(self, seqs: Ints) -> None:
+        self._seqs = seqs
 
     def __len__(self) -> int:
-        return len(self._starts) - 1
+        return len(self._seqs)
 
     def __getitem__(self, index: int) -> str:
-        return self._text[int(self._starts[index]) : int(self._starts[index + 1])]
+        return str(int(self._seqs[index]))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.pick(np.arange(len(self))))
 
     def pick(self, indices: Ints) -> list[str]:
-        text, starts = self._text, self._starts
-        return [
-            text[start:end]
-            for start, end in zip(
-                starts[indices].tolist(), starts[indices + 1].tolist(), strict=True
-            )
-        ]
-
-    def text_and_lengths(self) -> tuple[str, Ints]:
-        return self._text, np.diff(self._starts)
+        return list(map(str, self._seqs[indices].tolist()))
 
 
-RequestIds = list[str] | PackedIds
+RequestIds = list[str] | HandleIds
 
 
 def pick_ids(ids: RequestIds, indices: Ints) -> list[str]:
     """``[ids[i] for i in indices]``."""
-    if isinstance(ids, PackedIds):
+    if isinstance(ids, HandleIds):
         return ids.pick(indices)
     if len(indices) == 0:
         return []

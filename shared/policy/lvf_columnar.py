@@ -11,6 +11,7 @@ plane's path: its snapshots arrive as columns and never become per-request objec
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,10 +32,36 @@ _EMPTY = np.empty(0, np.int64)
 _SEGMENT = 256  # the scans rank this many of the most extreme VLTs first
 
 
-def lvf_columnar(snapshot: ColumnarSnapshot, knobs: Knobs, with_schedule: bool = True) -> Plan:
-    """:func:`shared.policy.lvf.lvf` over columns. ``with_schedule`` False leaves
-    ``plan.schedule`` empty (the batch is still packed: it decides who is admitted) for a
-    caller that only forwards the transitions, such as the control plane."""
+class Transitions(NamedTuple):
+    """An LVF plan as row indices into the snapshot's columns: what the control plane turns
+    into handles without making an id string. ``batch``/``tokens``: the packed batch, in
+    batch order, and each row's tokens."""
+
+    preempt: Ints
+    rotate_out: Ints
+    resume: Ints
+    admit: Ints
+    batch: Ints
+    tokens: list[int]
+    fcfs_fallback: bool
+
+
+def lvf_columnar(snapshot: ColumnarSnapshot, knobs: Knobs) -> Plan:
+    """:func:`shared.policy.lvf.lvf` over columns."""
+    moves = lvf_transitions(snapshot, knobs)
+    ids = snapshot.requests.request_ids
+    return Plan(
+        schedule=make_chunks(pick_ids(ids, moves.batch), moves.tokens),
+        admit_ids=pick_ids(ids, moves.admit),
+        resume_ids=pick_ids(ids, moves.resume),
+        rotate_out_ids=pick_ids(ids, moves.rotate_out),
+        preempt_ids=pick_ids(ids, moves.preempt),
+        fcfs_fallback=moves.fcfs_fallback,
+    )
+
+
+def lvf_transitions(snapshot: ColumnarSnapshot, knobs: Knobs) -> Transitions:
+    """:func:`lvf_columnar`'s plan, as row indices."""
     columns = snapshot.requests
     bs = snapshot.block_size
     is_running = columns.states == RUNNING_CODE
@@ -42,24 +69,21 @@ def lvf_columnar(snapshot: ColumnarSnapshot, knobs: Knobs, with_schedule: bool =
     candidates = np.flatnonzero(~is_running)
     blk = -(-columns.num_tokens // bs)  # blk(r) of every waiting or rotary request
     b_hbm = snapshot.num_free_hbm_blocks - _growth(snapshot, running)
-    if b_hbm >= int(blk[candidates].sum()):  # step 1: no contention
-        plan = Plan(fcfs_fallback=True)
+    leaving = (_EMPTY, _EMPTY)
+    fcfs_fallback = b_hbm >= int(blk[candidates].sum())
+    if fcfs_fallback:  # step 1: no contention
         seats = max(0, snapshot.max_num_seqs - len(running))
         arrival = np.lexsort((columns.arrival_seq[candidates], columns.t_arr_s[candidates]))
         chosen = candidates[arrival[:seats]]
-        leaving = (_EMPTY, _EMPTY)
     else:
-        plan = Plan()
         scores = vlt_array(columns, snapshot.t_now_s, knobs)
         b_xfer = snapshot.b_xfer_blocks
         seats = snapshot.max_num_seqs - len(running)
         chosen, b_left = _head_scan(snapshot, candidates, scores, blk, b_hbm + b_xfer, seats)
-        leaving = (_EMPTY, _EMPTY)
         if b_xfer - b_left > 0:
             b_swap = b_xfer - b_left
             leaving = _rotate_out_tail(snapshot, running, scores, b_swap, -b_hbm, knobs)
-    _join_and_pack(snapshot, running, chosen, blk, leaving, plan, b_hbm, with_schedule)
-    return plan
+    return _join_and_pack(snapshot, running, chosen, blk, leaving, b_hbm, fcfs_fallback)
 
 
 def _growth(snapshot: ColumnarSnapshot, running: Ints) -> int:
@@ -217,10 +241,9 @@ def _join_and_pack(
     chosen: Ints,
     blk: Ints,
     leaving: tuple[Ints, Ints],
-    plan: Plan,
     room: int,
-    with_schedule: bool,
-) -> None:
+    fcfs_fallback: bool,
+) -> Transitions:
     """``shared.policy.lvf._join_and_pack``: resume the chosen rotary requests whose blocks
     fit in what is left of B_HBM (and whose rotate-out is done), let the chosen waiting ones
     whose whole KV fits it join the batch (up to the first rotary request waiting for room),
@@ -257,13 +280,9 @@ def _join_and_pack(
         snapshot.max_num_seqs,
         max(0, free),
     )
-    ids = columns.request_ids
-    plan.preempt_ids = pick_ids(ids, preempted)
-    plan.rotate_out_ids = pick_ids(ids, rotated)
-    plan.resume_ids = pick_ids(ids, resumed)
+    admitted = _EMPTY
     if len(joining):
         scheduled = np.zeros(len(columns), np.bool_)
         scheduled[batch] = True
-        plan.admit_ids = pick_ids(ids, joining[scheduled[joining]])
-    if with_schedule:
-        plan.schedule = make_chunks(pick_ids(ids, batch), tokens)
+        admitted = joining[scheduled[joining]]
+    return Transitions(preempted, rotated, resumed, admitted, batch, tokens, fcfs_fallback)

@@ -15,9 +15,8 @@ import structlog
 from shared.policy.columns import (
     STATE_CODES,
     STATES_BY_CODE,
-    PackedIds,
+    HandleIds,
     RequestColumns,
-    RequestIds,
 )
 from shared.policy.types import RequestState
 from shared.protocol.codec import ProtocolError, decode
@@ -32,23 +31,16 @@ def table_from_columns(
     columns: RequestColumns, num_blocks_synced: npt.ArrayLike | None = None
 ) -> RequestTable:
     """Pack ``columns`` (plus each request's DRAM blocks already synced, 0 when not given)
-    for the wire, each column as compact as ``TABLE_COLUMNS`` allows."""
+    for the wire, each column as compact as ``TABLE_COLUMNS`` allows. The request ids stay
+    here: the table names requests by ``arrival_seq``."""
     num = len(columns)
     synced = np.zeros(num, np.int64) if num_blocks_synced is None else num_blocks_synced
     packed = {
         name: _pack(name, kind, getattr(columns, name, None))
         for name, kind in TABLE_COLUMNS.items()
     }
-    text, lengths = _joined(columns.request_ids)
-    packed["id_lengths"] = _pack_ints(lengths)
     packed["num_blocks_synced"] = _pack_ints(np.asarray(synced, np.int64))
-    return RequestTable(text, **packed)
-
-
-def _joined(ids: RequestIds) -> tuple[str, np.ndarray]:
-    if isinstance(ids, PackedIds):
-        return ids.text_and_lengths()
-    return "".join(ids), np.fromiter(map(len, ids), np.int64, len(ids))
+    return RequestTable(**packed)
 
 
 def _pack(name: str, kind: str, values: np.ndarray | None) -> bytes:
@@ -82,19 +74,15 @@ def _pack_ints(values: np.ndarray) -> bytes:
 
 def columns_from_table(table: RequestTable) -> RequestColumns:
     """The policy's columns, straight from the packed arrays (validated on decode): no
-    per-request Python object."""
-    ids = PackedIds(table.request_ids, table.column("id_lengths"))
-    unused = ("id_lengths", "num_blocks_synced")  # not a policy input
-    fields = {name: table.column(name) for name in TABLE_COLUMNS if name not in unused}
-    return RequestColumns(request_ids=ids, **fields)
+    per-request Python object. Each request's id is its handle (:class:`HandleIds`)."""
+    fields = {name: table.column(name) for name in TABLE_COLUMNS if name != "num_blocks_synced"}
+    return RequestColumns(request_ids=HandleIds(fields["arrival_seq"]), **fields)
 
 
 def table_from_rows(rows: Sequence[RequestRow]) -> RequestTable:
     """Rows (plain values) as a wire table. Raises ValueError for an unknown state."""
     columns: dict[str, np.ndarray] = {}
     for name, kind in TABLE_COLUMNS.items():
-        if name == "id_lengths":
-            continue
         if name == "states":
             values: list[Any] = [STATE_CODES[RequestState(row.state)] for row in rows]
         else:
@@ -103,27 +91,23 @@ def table_from_rows(rows: Sequence[RequestRow]) -> RequestTable:
             columns[name] = np.array([math.nan if v is None else v for v in values], np.float64)
         else:
             columns[name] = np.array(values, np.bool_ if kind == "flag" else np.int64)
-    text, lengths = _joined([row.request_id for row in rows])
     return RequestTable(
-        text,
-        id_lengths=_pack_ints(lengths),
         **{name: _pack(name, TABLE_COLUMNS[name], values) for name, values in columns.items()},
     )
 
 
 def rows_from_table(table: RequestTable) -> list[RequestRow]:
     """One :class:`RequestRow` per request (NaN -> None)."""
-    names = [name for name in TABLE_COLUMNS if name != "id_lengths"]
+    names = list(TABLE_COLUMNS)
     lists = {name: table.column(name).tolist() for name in names}
     for name in names:
         if TABLE_COLUMNS[name] == "opt":
             lists[name] = [None if math.isnan(v) else v for v in lists[name]]
     rows = []
-    ids = PackedIds(table.request_ids, table.column("id_lengths"))
-    for i, request_id in enumerate(ids):
+    for i in range(table.num_requests):
         fields = {name: lists[name][i] for name in names if name != "states"}
         state = STATES_BY_CODE[lists["states"][i]].value
-        rows.append(RequestRow(request_id=request_id, state=state, **fields))
+        rows.append(RequestRow(state=state, **fields))
     return rows
 
 

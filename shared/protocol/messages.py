@@ -51,17 +51,19 @@ class AbortRequest:
 @message("plan")
 @dataclass(frozen=True, slots=True)
 class RotationPlan:
-    """State changes for the worker's next iteration, computed from one snapshot."""
+    """State changes for the worker's next iteration, computed from one snapshot. Requests
+    are named by their handle, the ``arrival_seq`` the snapshot gave them (unique within the
+    worker's epoch): ints, not the request ids, which never travel to the control plane."""
 
     worker_id: str
     epoch: str  # the worker incarnation the snapshot came from (plans for others are ignored)
     snapshot_iteration: int  # the snapshot it was computed from
     knobs_version: int
     policy: str
-    admit_ids: list[str]
-    resume_ids: list[str]
-    rotate_out_ids: list[str]
-    preempt_ids: list[str]
+    admit_seqs: list[int]
+    resume_seqs: list[int]
+    rotate_out_seqs: list[int]
+    preempt_seqs: list[int]
     fcfs_fallback: bool
     t_planned_s: float
     b_xfer_blocks: int  # transfer budget for the worker (B_xfer, resolved if "auto")
@@ -78,7 +80,6 @@ class RotationPlan:
 #   flag: uint8 0/1; empty when all are 1
 # ``states`` has one byte per request: its length is the number of requests.
 TABLE_COLUMNS: dict[str, str] = {
-    "id_lengths": "int",  # each request id's length, in code points, within request_ids
     "states": "code",
     "t_arr_s": "time",
     "t_run_s": "opt",
@@ -91,7 +92,7 @@ TABLE_COLUMNS: dict[str, str] = {
     "num_blocks_dram": "int",
     "num_blocks_synced": "int",
     "priority": "int",
-    "arrival_seq": "int",
+    "arrival_seq": "int",  # the request's handle: plans name requests by it
     "resident": "flag",
 }
 COLUMN_WIDTHS = {"code": (1,), "time": (8,), "opt": (0, 8), "int": (0, 1, 2, 4, 8), "flag": (0, 1)}
@@ -102,15 +103,14 @@ _COUNTS = ("num_tokens", "num_computed_tokens", "num_blocks_hbm", "num_blocks_dr
 
 @dataclass(frozen=True, slots=True)
 class RequestTable:
-    """Every request of a snapshot as columns: the ids concatenated, then one packed array per
-    field (``TABLE_COLUMNS``; row i of every column is request i), so that neither side builds
-    a per-request object (``shared.protocol.convert``). Validated when built, so on decode:
-    column sizes, id lengths that add up, known state codes, 0/1 flags, finite arrival times,
-    no infinite optional time or SLO, non-negative counts. Request ids are assumed unique (a
-    worker's are)."""
+    """Every request of a snapshot as columns: one packed array per field (``TABLE_COLUMNS``;
+    row i of every column is request i), so that neither side builds a per-request object
+    (``shared.protocol.convert``). A request is known by its handle, ``arrival_seq``: its id
+    string stays on the worker (at 4,096 requests the ids were about half the bytes). Validated
+    when built, so on decode: column sizes, known state codes, 0/1 flags, finite arrival times,
+    no infinite optional time or SLO, non-negative counts and handles. Handles are assumed
+    unique (a worker's are)."""
 
-    request_ids: str  # every request's id, concatenated (split by id_lengths)
-    id_lengths: bytes
     states: bytes
     t_arr_s: bytes
     t_run_s: bytes
@@ -135,17 +135,12 @@ class RequestTable:
                 raise ValueError(f"column {name} has {size} bytes for {num} requests")
         if num:
             self._check_values()
-        elif self.request_ids:
-            raise ValueError("request_ids without requests")
 
     @property
     def num_requests(self) -> int:
         return len(self.states)
 
     def _check_values(self) -> None:
-        lengths = self.column("id_lengths")
-        if lengths.min() < 0 or lengths.sum() != len(self.request_ids):
-            raise ValueError("id_lengths do not add up to request_ids")
         if self.column("states").max() >= _NUM_STATES:
             raise ValueError("unknown state code in states")
         if self.resident and np.frombuffer(self.resident, np.uint8).max() > 1:
@@ -155,7 +150,7 @@ class RequestTable:
         for name in ("t_run_s", "t_last_s", "slo_ttft_s", "slo_tbt_s"):
             if np.isinf(self.column(name)).any():
                 raise ValueError(f"{name} must be finite or NaN (unknown)")
-        for name in (*_COUNTS, "num_blocks_synced"):
+        for name in (*_COUNTS, "num_blocks_synced", "arrival_seq"):
             if self.column(name).min() < 0:
                 raise ValueError(f"{name} must be >= 0")
 
@@ -179,7 +174,6 @@ class RequestRow:
     """One request of a :class:`RequestTable`, as plain values (tests, debugging, tools;
     ``shared.protocol.convert.rows_from_table`` / ``table_from_rows``)."""
 
-    request_id: str
     state: str  # waiting | running | rotary
     t_arr_s: float
     t_run_s: float | None

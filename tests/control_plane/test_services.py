@@ -179,6 +179,7 @@ async def test_token_streams_equal_offline_with_lvf_rotation(
     assert max(m.link_bytes_per_s for m in snapshots) > 0  # the copies' measured bandwidth
     engine = services.worker.engine
     assert services.worker.planner.num_remote > 0
+    assert services.worker.planner.num_remote_transitions > 0  # plans' handles found requests
     assert engine.stats.num_rotations_out + engine.stats.num_preemptions > 0
     assert status.num_rotations_out == engine.stats.num_rotations_out
     if engine.stats.num_rotations_out:  # rotation moved KV both ways, and the status says so

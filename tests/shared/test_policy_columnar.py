@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from bench.policy_speed import make_snapshot
 from shared.policy import (
     Knobs,
+    Plan,
     RequestState,
     RequestView,
     Snapshot,
@@ -26,10 +27,10 @@ from shared.policy import (
     vlt,
 )
 from shared.policy import lvf_columnar as columnar_module
-from shared.policy.columns import ColumnarSnapshot, PackedIds, pick_ids, views_from_columns
+from shared.policy.columns import ColumnarSnapshot, HandleIds, pick_ids, views_from_columns
 from shared.policy.common import pack_schedule
 from shared.policy.lvf import lvf
-from shared.policy.lvf_columnar import lvf_columnar
+from shared.policy.lvf_columnar import lvf_columnar, lvf_transitions
 from shared.policy.packing import greedy_take, pack_columns
 from shared.policy.vlt import vlt_array
 from shared.protocol import StateSnapshot, decode, encode
@@ -114,7 +115,8 @@ def _random_view(rng: random.Random, index: int, bs: int, t) -> RequestView:
 
 
 def through_the_wire(snapshot: Snapshot) -> ColumnarSnapshot:
-    """What the control plane plans on: the worker's snapshot packed, encoded, decoded."""
+    """What the control plane plans on: the worker's snapshot packed, encoded, decoded (each
+    request known by its handle, arrival_seq, as the id)."""
     table = table_from_columns(columns_from_views(snapshot.requests))
     msg = StateSnapshot(
         "w", "e", 1, snapshot.t_now_s, table, snapshot.num_free_hbm_blocks,
@@ -138,11 +140,44 @@ def test_columnar_lvf_equals_lvf_on_small_snapshots(snapshot: Snapshot, knobs: K
 def test_columnar_lvf_equals_lvf_on_large_snapshots(seed: int, segment: int) -> None:
     snapshot, knobs = random_snapshot(seed)
     expected = lvf(snapshot, knobs)
+    unique = with_unique_seqs(snapshot)
     with patch.object(columnar_module, "_SEGMENT", segment):  # small: every scan is cut
         assert lvf_columnar(columnar_from_snapshot(snapshot), knobs) == expected
-        assert lvf_columnar(through_the_wire(snapshot), knobs) == expected
-        without = lvf_columnar(columnar_from_snapshot(snapshot), knobs, with_schedule=False)
-    assert without == replace(expected, schedule=[])
+        assert lvf_columnar(through_the_wire(unique), knobs) == by_handle(
+            lvf(unique, knobs), unique
+        )
+        moves = lvf_transitions(columnar_from_snapshot(snapshot), knobs)
+    ids = [view.request_id for view in snapshot.requests]
+    assert [ids[row] for row in moves.admit] == expected.admit_ids
+    assert [ids[row] for row in moves.resume] == expected.resume_ids
+    assert [ids[row] for row in moves.rotate_out] == expected.rotate_out_ids
+    assert [ids[row] for row in moves.preempt] == expected.preempt_ids
+    assert [(ids[row], n) for row, n in zip(moves.batch, moves.tokens, strict=True)] == [
+        (chunk.request_id, chunk.num_tokens) for chunk in expected.schedule
+    ]
+    assert moves.fcfs_fallback == expected.fcfs_fallback
+
+
+def with_unique_seqs(snapshot: Snapshot) -> Snapshot:
+    """``snapshot`` with arrival_seqs made unique (a worker's are) in the same order: ties
+    were broken by snapshot order, so the rank of (seq, position) keeps every decision."""
+    order = sorted(range(len(snapshot.requests)), key=lambda i: snapshot.requests[i].arrival_seq)
+    rank = {index: position for position, index in enumerate(order)}
+    views = [view._replace(arrival_seq=rank[i]) for i, view in enumerate(snapshot.requests)]
+    return replace(snapshot, requests=tuple(views))
+
+
+def by_handle(plan: Plan, snapshot: Snapshot) -> Plan:
+    """``plan`` with every request id replaced by its handle in decimal (HandleIds)."""
+    handle = {view.request_id: str(view.arrival_seq) for view in snapshot.requests}
+    return replace(
+        plan,
+        schedule=[chunk._replace(request_id=handle[chunk.request_id]) for chunk in plan.schedule],
+        admit_ids=[handle[i] for i in plan.admit_ids],
+        resume_ids=[handle[i] for i in plan.resume_ids],
+        rotate_out_ids=[handle[i] for i in plan.rotate_out_ids],
+        preempt_ids=[handle[i] for i in plan.preempt_ids],
+    )
 
 
 @pytest.mark.parametrize("size", [256, 1024, 4096])
@@ -174,7 +209,8 @@ def test_vlt_array_is_vlt_bit_for_bit(snapshot: Snapshot, knobs: Knobs) -> None:
 def test_views_round_trip_through_columns(snapshot: Snapshot) -> None:
     views = tuple(v._replace(t_arr_s=float(v.t_arr_s)) for v in snapshot.requests)
     assert views_from_columns(columns_from_views(views)) == views
-    assert views_from_columns(through_the_wire(snapshot).requests) == views
+    by_handle = tuple(v._replace(request_id=str(v.arrival_seq)) for v in views)
+    assert views_from_columns(through_the_wire(snapshot).requests) == by_handle
 
 
 def _scan(sizes: list[int], budget: int, max_items: int, stop_at_zero: bool) -> list[int]:
@@ -249,13 +285,15 @@ def test_nan_marks_an_unknown_time() -> None:
     assert vlt_array(columns, 10.0, Knobs()).tolist() == [vlt(view, 10.0, Knobs())]
 
 
-def test_packed_ids_slice_one_string() -> None:
+def test_handle_ids_name_requests_by_arrival_seq() -> None:
+    handles = HandleIds(np.array([7, 0, 2**40], np.int64))
+    assert (
+        list(handles) == ["7", "0", str(2**40)]
+        and len(handles) == 3
+        and handles[2] == "1099511627776"
+    )
+    assert pick_ids(handles, np.array([2, 0])) == [str(2**40), "7"]
+    assert pick_ids(handles, np.array([], np.int64)) == []
     ids = ["a", "", "ünï", "req-42"]
-    packed = PackedIds("".join(ids), np.array([len(i) for i in ids], np.int64))
-    assert list(packed) == ids and len(packed) == 4 and packed[2] == "ünï"
-    assert pick_ids(packed, np.array([3, 0])) == ["req-42", "a"]
     assert pick_ids(ids, np.array([3, 0])) == ["req-42", "a"]
-    assert pick_ids(ids, np.array([2])) == ["ünï"] and pick_ids(packed, np.array([], int)) == []
-    for text, lengths in (("abc", [1, 1]), ("ab", [3, -1]), ("x", [])):
-        with pytest.raises(ValueError):
-            PackedIds(text, np.array(lengths, np.int64))
+    assert pick_ids(ids, np.array([2])) == ["ünï"]
