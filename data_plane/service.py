@@ -37,6 +37,7 @@ from shared.protocol import (
     StateSnapshot,
     SubmitRequest,
     TokenOutput,
+    TokenOutputs,
     WorkerStatus,
     decode,
     encode,
@@ -235,7 +236,9 @@ class Worker:
         except (RequestError, ValueError) as exc:
             log.warning("request_rejected", request_id=msg.request_id, error=str(exc))
             error = TokenOutput(msg.request_id, 0, [], "error", str(exc), error_kind="rejected")
-            await self._xadd(msg.reply_stream, encode(error), streams.MAXLEN_OUTPUTS)
+            await self._xadd(
+                msg.reply_stream, encode(TokenOutputs([error])), streams.MAXLEN_OUTPUTS
+            )
             return
         self._reply[msg.request_id] = (msg.reply_stream, 0)
         fields = {"worker_id": self.settings.worker_id, "admitted_s": time.time()}
@@ -271,9 +274,7 @@ class Worker:
             except Exception:  # the failed step may have left it half moved
                 log.exception("abort_after_engine_error_failed", request_id=request_id)
             outputs.append(RequestOutput(request_id, [], 0, FinishReason.ERROR, error=reason))
-        async with self.redis.pipeline(transaction=False) as pipe:
-            self._queue_outputs(pipe, outputs)
-            await pipe.execute()
+        await self._send_outputs(outputs)
         self._num_failed_steps = 0
 
     def _refresh_status(self) -> None:
@@ -324,23 +325,29 @@ class Worker:
         self._lifecycle.clear()
 
     async def _publish(self, outputs: list[RequestOutput], iteration_time_s: float) -> None:
+        """The snapshot first, so the control plane plans while the tokens go out; then one
+        batch of token outputs per reply stream and the lifecycle updates, in one pipeline."""
+        snapshot = self.planner.last_snapshot
+        msg_bytes = self._snapshot_bytes(snapshot, iteration_time_s) if snapshot else None
+        if msg_bytes is not None:
+            await self._xadd(streams.SNAPSHOTS_STREAM, msg_bytes, streams.MAXLEN_SNAPSHOTS)
+        await self._send_outputs(outputs)
+
+    async def _send_outputs(self, outputs: list[RequestOutput]) -> None:
+        batches = self._token_batches(outputs)
+        if not batches and not self._lifecycle:
+            return
         async with self.redis.pipeline(transaction=False) as pipe:
-            self._queue_outputs(pipe, outputs)
+            for stream, batch in batches.items():
+                data = encode(TokenOutputs(batch))
+                pipe.xadd(stream, {"m": data}, maxlen=streams.MAXLEN_OUTPUTS, approximate=True)
             self._queue_lifecycle(pipe)
-            snapshot = self.planner.last_snapshot
-            msg_bytes = self._snapshot_bytes(snapshot, iteration_time_s) if snapshot else None
-            if msg_bytes is not None:
-                pipe.xadd(
-                    streams.SNAPSHOTS_STREAM,
-                    {"m": msg_bytes},
-                    maxlen=streams.MAXLEN_SNAPSHOTS,
-                    approximate=True,
-                )
             await pipe.execute()
 
-    def _queue_outputs(self, pipe: Any, outputs: list[RequestOutput]) -> None:
-        """Token messages to each request's reply stream; ``index`` counts tokens already
-        sent, so a gateway drops what a redelivery repeats."""
+    def _token_batches(self, outputs: list[RequestOutput]) -> dict[str, list[TokenOutput]]:
+        """Each request's new tokens as a :class:`TokenOutput`, grouped by reply stream;
+        ``index`` counts tokens already sent, so a gateway drops what a redelivery repeats."""
+        batches: dict[str, list[TokenOutput]] = {}
         for out in outputs:
             stream, sent = self._reply.get(out.request_id, (None, 0))
             if stream is None:
@@ -358,7 +365,7 @@ class Worker:
                 num_rotations=out.num_rotations,
                 error_kind=None if error is None else "engine",  # only a failed step errs
             )
-            pipe.xadd(stream, {"m": encode(msg)}, maxlen=streams.MAXLEN_OUTPUTS, approximate=True)
+            batches.setdefault(stream, []).append(msg)
             if out.finished:
                 del self._reply[out.request_id]
                 fields = {"finished_s": time.time(), "finish_reason": reason or ""}
@@ -367,6 +374,7 @@ class Worker:
                 self._lifecycle.append((out.request_id, fields))
             else:
                 self._reply[out.request_id] = (stream, sent + len(out.new_token_ids))
+        return batches
 
     def _snapshot_bytes(self, snapshot: Snapshot, iteration_time_s: float) -> bytes | None:
         """The encoded snapshot, or None (logged) when a value cannot travel (e.g. a client's

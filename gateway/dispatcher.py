@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from gateway.bus import DedicatedConnection
 from gateway.errors import APIError
 from shared import streams
-from shared.protocol import AbortRequest, SubmitRequest, TokenOutput, encode
+from shared.protocol import AbortRequest, SubmitRequest, TokenOutput, TokenOutputs, encode
 from shared.protocol.convert import stream_messages
 from shared.runtime import loop_with_backoff
 
@@ -162,12 +162,13 @@ class Dispatcher:
         args = ("XREAD", "COUNT", 1024, "BLOCK", block_ms, "STREAMS", self.reply_stream, last_id)
         raw = await self._reader.execute(*args)
         response: Any = self.redis.response_callbacks["XREAD"](raw)
-        for entry_id, msg in stream_messages(response, TokenOutput, "malformed_output_message"):
+        for entry_id, batch in stream_messages(response, TokenOutputs, "malformed_output_message"):
             self._last_id = entry_id
-            if msg is None:
+            if batch is None:
                 self.num_malformed += 1
             else:
-                self._route(msg)
+                for msg in batch.outputs:
+                    self._route(msg)
         if response:
             # The responses just handed a message run first: their chunks go out before this
             # task's next XREAD (a write that wakes Redis) and before this task runs again.

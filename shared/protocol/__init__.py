@@ -13,6 +13,7 @@ from shared.protocol.messages import (
     StateSnapshot,
     SubmitRequest,
     TokenOutput,
+    TokenOutputs,
     WorkerStatus,
 )
 
@@ -26,6 +27,7 @@ __all__ = [
     "StateSnapshot",
     "SubmitRequest",
     "TokenOutput",
+    "TokenOutputs",
     "WorkerStatus",
     "decode",
     "encode",

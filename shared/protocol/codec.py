@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 import msgpack
 
 SCHEMA_VERSION = 4  # 2: columnar RequestTable snapshots; 3: TokenOutput.error_kind;
-# 4: requests known by handle (arrival_seq) between worker and control plane, no id strings
+# 4: requests known by handle (arrival_seq) between worker and control plane, no id strings;
+# token outputs batched per reply stream and iteration (TokenOutputs)
 T = TypeVar("T")
 _REGISTRY: dict[str, type] = {}
 _HINTS: dict[type, list[tuple[str, Any]]] = {}

@@ -18,7 +18,7 @@ from shared.protocol.codec import message
 class SubmitRequest:
     request_id: str
     prompt_token_ids: list[int]
-    reply_stream: str  # where the worker writes this request's TokenOutput messages
+    reply_stream: str  # where the worker writes this request's outputs (TokenOutputs batches)
     t_arr_s: float
     max_tokens: int
     temperature: float = 1.0
@@ -271,6 +271,16 @@ class TokenOutput:
             raise ValueError(f"error_kind must be one of {ERROR_KINDS}, got {self.error_kind!r}")
         if (self.error is None) != (self.error_kind is None):
             raise ValueError("error and error_kind come together")
+
+
+@message("token_batch")
+@dataclass(frozen=True, slots=True)
+class TokenOutputs:
+    """One iteration's :class:`TokenOutput` messages for one gateway: a worker writes one
+    stream entry per reply stream per iteration, not one per request (at 1,024 running
+    requests, 1,024 XADDs took the worker's event loop about 15 ms an iteration)."""
+
+    outputs: list[TokenOutput]
 
 
 # ---- to gateways and operators (the workers hash, refreshed every heartbeat) -------------

@@ -26,7 +26,7 @@ from shared.protocol import (
     RotationPlan,
     StateSnapshot,
     SubmitRequest,
-    TokenOutput,
+    TokenOutputs,
     decode,
     encode,
 )
@@ -145,14 +145,14 @@ async def _collect(
         for _, entries in response or []:
             for entry_id, fields in entries:
                 last = entry_id
-                out = decode(fields[b"m"], TokenOutput)
-                if out.request_id not in tokens:
-                    continue  # an earlier phase's request
-                assert out.index == len(tokens[out.request_id]), "duplicate or missing tokens"
-                tokens[out.request_id].extend(out.token_ids)
-                if out.finish_reason is not None:
-                    assert out.error is None, out.error
-                    finished.add(out.request_id)
+                for out in decode(fields[b"m"], TokenOutputs).outputs:
+                    if out.request_id not in tokens:
+                        continue  # an earlier phase's request
+                    assert out.index == len(tokens[out.request_id]), "duplicate or missing tokens"
+                    tokens[out.request_id].extend(out.token_ids)
+                    if out.finish_reason is not None:
+                        assert out.error is None, out.error
+                        finished.add(out.request_id)
         if during is not None:
             await during(finished)
     return tokens
@@ -362,8 +362,8 @@ async def test_engine_that_keeps_failing_ends_requests_with_an_error(
         for _, entries in response or []:
             for entry_id, fields in entries:
                 last = entry_id
-                out = decode(fields[b"m"], TokenOutput)
-                if out.request_id == "req-0" and out.error is not None:
-                    error, kind = out.error, out.error_kind
+                for out in decode(fields[b"m"], TokenOutputs).outputs:
+                    if out.request_id == "req-0" and out.error is not None:
+                        error, kind = out.error, out.error_kind
     await services.stop()
     assert error is not None and error.startswith("engine error") and kind == "engine"

@@ -21,7 +21,7 @@ from data_plane.main import serve as serve_worker
 from data_plane.settings import WorkerSettings
 from shared import streams
 from shared.knobs import read_knobs, write_knobs
-from shared.protocol import SubmitRequest, TokenOutput, decode, encode
+from shared.protocol import SubmitRequest, TokenOutputs, decode, encode
 from shared.slo import read_slo_classes
 from tests.redis_support import redis_url
 
@@ -91,9 +91,9 @@ async def test_worker_probes_metrics_and_drain(redis_client: Redis) -> None:
     finish = None
     entries: Any = await redis_client.xrange(REPLY)
     for _, fields in entries:
-        out = decode(fields[b"m"], TokenOutput)
-        tokens += out.token_ids
-        finish = out.finish_reason or finish
+        for out in decode(fields[b"m"], TokenOutputs).outputs:
+            tokens += out.token_ids
+            finish = out.finish_reason or finish
     assert len(tokens) == 40 and finish == "length"
 
 

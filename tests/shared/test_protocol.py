@@ -22,6 +22,7 @@ from shared.protocol import (
     StateSnapshot,
     SubmitRequest,
     TokenOutput,
+    TokenOutputs,
     decode,
     encode,
 )
@@ -61,7 +62,15 @@ SAMPLES = [
     ),
     TokenOutput("r1", 3, [5, 6], "stop", None, 4),
     TokenOutput("r2", 0, [], "error", "prompt too long", error_kind="rejected"),
+    TokenOutputs([TokenOutput("r1", 3, [5, 6], None), TokenOutput("r3", 0, [7], "length")]),
 ]
+
+
+def test_a_bad_output_in_a_batch_rejects_the_batch() -> None:
+    wire = msgpack.unpackb(encode(SAMPLES[-1]), raw=False)
+    wire["d"][0][1][2] = ["x"]  # token ids must be integers
+    with pytest.raises(ProtocolError, match="token_ids"):
+        decode(msgpack.packb(wire, use_bin_type=True), TokenOutputs)
 
 
 def test_token_errors_carry_a_known_kind() -> None:
@@ -121,7 +130,7 @@ _values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4), max_
 
 @settings(max_examples=1500, deadline=None)
 @given(
-    tag=st.sampled_from(["submit", "abort", "plan", "snapshot", "tokens", "knobs", "x"]),
+    tag=st.sampled_from(["submit", "abort", "plan", "snapshot", "tokens", "token_batch", "x"]),
     fields=st.lists(_values, max_size=17),
 )
 def test_well_framed_garbage_raises_only_protocol_error(tag: str, fields: list) -> None:
