@@ -24,6 +24,7 @@ from data_plane.engine.request import FinishReason, RequestError, RequestOutput
 from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.tiered import TieredKVCacheManager
 from data_plane.planner import HybridPlanner
+from data_plane.replies import Replies
 from data_plane.reports import WorkerIdentity, state_snapshot, worker_status
 from data_plane.settings import WorkerSettings
 from shared import streams
@@ -72,13 +73,12 @@ class Worker:
         engine.planner = self.planner
         self.requests_stream = streams.worker_requests_stream(settings.worker_id)
         self.plans_stream = streams.worker_plans_stream(settings.worker_id)
-        self._reply: dict[str, tuple[str, int]] = {}  # request id -> (stream, tokens sent)
+        self.replies = Replies()  # where each owned request's outputs go
         self._last_plan_id = "0-0"
         self._knobs_version = -1
         self._last_heartbeat_s = 0.0
         self._busy_time_s = 0.0  # iteration time summed since the last heartbeat
         self._busy_iterations = 0
-        self._lifecycle: list[tuple[str, dict[str, Any]]] = []  # request id -> fields to set
         # Set on SIGTERM: new requests stay pending in the stream (the next incarnation reads
         # them) and gateways stop routing here; aborts are still honoured.
         self.draining = False
@@ -212,7 +212,7 @@ class Worker:
         await self.redis.xack(self.requests_stream, streams.WORKER_GROUP, entry_id)
 
     async def _submit(self, msg: SubmitRequest) -> None:
-        if msg.request_id in self._reply:
+        if msg.request_id in self.replies:
             return  # a redelivered duplicate of a request the engine already owns
         try:
             params = SamplingParams(
@@ -240,10 +240,9 @@ class Worker:
                 msg.reply_stream, encode(TokenOutputs([error])), streams.MAXLEN_OUTPUTS
             )
             return
-        self._reply[msg.request_id] = (msg.reply_stream, 0)
         fields = {"worker_id": self.settings.worker_id, "admitted_s": time.time()}
         fields |= {"arrival_s": msg.t_arr_s, "slo_class": msg.slo_class or ""}
-        self._lifecycle.append((msg.request_id, fields))
+        self.replies.admit(msg.request_id, msg.reply_stream, fields)
         log.info(
             "request_admitted",
             request_id=msg.request_id,
@@ -265,16 +264,20 @@ class Worker:
         self._num_failed_steps += 1
         if self._num_failed_steps < MAX_FAILED_STEPS:
             return
-        log.error("engine_failing_all_requests", error=repr(exc), num_requests=len(self._reply))
+        log.error(
+            "engine_failing_all_requests",
+            error=repr(exc),
+            num_requests=len(self.replies.request_ids()),
+        )
         reason = f"engine error: {exc!r}"
         outputs = []
-        for request_id in list(self._reply):
+        for request_id in self.replies.request_ids():
             try:
                 self.engine.abort(request_id)
             except Exception:  # the failed step may have left it half moved
                 log.exception("abort_after_engine_error_failed", request_id=request_id)
             outputs.append(RequestOutput(request_id, [], 0, FinishReason.ERROR, error=reason))
-        await self._send_outputs(outputs)
+        await self.replies.send(self.redis, outputs)
         self._num_failed_steps = 0
 
     def _refresh_status(self) -> None:
@@ -291,7 +294,7 @@ class Worker:
         status = replace(self._status_cache, t_heartbeat_s=time.time(), accepting=not self.draining)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(streams.WORKERS_KEY, self.settings.worker_id, encode(status))
-            self._queue_lifecycle(pipe)
+            self.replies.queue_lifecycle(pipe)
             await pipe.execute()
         try:
             knobs, version = await read_knobs(self.redis)
@@ -317,13 +320,6 @@ class Worker:
             accepting=not self.draining,
         )
 
-    def _queue_lifecycle(self, pipe: Any) -> None:
-        for request_id, fields in self._lifecycle:
-            key = streams.request_lifecycle_key(request_id)
-            pipe.hset(key, mapping=fields)
-            pipe.expire(key, streams.LIFECYCLE_TTL_S)
-        self._lifecycle.clear()
-
     async def _publish(self, outputs: list[RequestOutput], iteration_time_s: float) -> None:
         """The snapshot first, so the control plane plans while the tokens go out; then one
         batch of token outputs per reply stream and the lifecycle updates, in one pipeline."""
@@ -331,50 +327,7 @@ class Worker:
         msg_bytes = self._snapshot_bytes(snapshot, iteration_time_s) if snapshot else None
         if msg_bytes is not None:
             await self._xadd(streams.SNAPSHOTS_STREAM, msg_bytes, streams.MAXLEN_SNAPSHOTS)
-        await self._send_outputs(outputs)
-
-    async def _send_outputs(self, outputs: list[RequestOutput]) -> None:
-        batches = self._token_batches(outputs)
-        if not batches and not self._lifecycle:
-            return
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for stream, batch in batches.items():
-                data = encode(TokenOutputs(batch))
-                pipe.xadd(stream, {"m": data}, maxlen=streams.MAXLEN_OUTPUTS, approximate=True)
-            self._queue_lifecycle(pipe)
-            await pipe.execute()
-
-    def _token_batches(self, outputs: list[RequestOutput]) -> dict[str, list[TokenOutput]]:
-        """Each request's new tokens as a :class:`TokenOutput`, grouped by reply stream;
-        ``index`` counts tokens already sent, so a gateway drops what a redelivery repeats."""
-        batches: dict[str, list[TokenOutput]] = {}
-        for out in outputs:
-            stream, sent = self._reply.get(out.request_id, (None, 0))
-            if stream is None:
-                continue
-            reason = out.finish_reason.value if out.finish_reason else None
-            error = out.error if reason != "abort" else None
-            msg = TokenOutput(
-                out.request_id,
-                sent,
-                out.new_token_ids,
-                reason,
-                error,
-                t_first_run_s=out.t_first_run_s if sent == 0 else None,
-                num_preemptions=out.num_preemptions,
-                num_rotations=out.num_rotations,
-                error_kind=None if error is None else "engine",  # only a failed step errs
-            )
-            batches.setdefault(stream, []).append(msg)
-            if out.finished:
-                del self._reply[out.request_id]
-                fields = {"finished_s": time.time(), "finish_reason": reason or ""}
-                fields |= {"num_rotations": out.num_rotations}
-                fields |= {"num_preemptions": out.num_preemptions}
-                self._lifecycle.append((out.request_id, fields))
-            else:
-                self._reply[out.request_id] = (stream, sent + len(out.new_token_ids))
-        return batches
+        await self.replies.send(self.redis, outputs)
 
     def _snapshot_bytes(self, snapshot: Snapshot, iteration_time_s: float) -> bytes | None:
         """The encoded snapshot, or None (logged) when a value cannot travel (e.g. a client's

@@ -1,0 +1,86 @@
+"""Where a worker's outputs go: each owned request's reply stream and how many of its tokens
+were sent (so a gateway drops what a redelivery repeats), one :class:`TokenOutputs` batch per
+reply stream and iteration, and the lifecycle fields waiting to be written."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from redis.asyncio import Redis
+
+from data_plane.engine.request import RequestOutput
+from shared import streams
+from shared.protocol import TokenOutput, TokenOutputs, encode
+
+
+class Replies:
+    def __init__(self) -> None:
+        self._reply: dict[str, tuple[str, int]] = {}  # request id -> (stream, tokens sent)
+        self._lifecycle: list[tuple[str, dict[str, Any]]] = []  # request id -> fields to set
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._reply
+
+    def __len__(self) -> int:
+        return len(self._reply)
+
+    def request_ids(self) -> list[str]:
+        return list(self._reply)
+
+    def admit(self, request_id: str, reply_stream: str, fields: dict[str, Any]) -> None:
+        """The engine owns ``request_id`` now; its outputs go to ``reply_stream``."""
+        self._reply[request_id] = (reply_stream, 0)
+        self._lifecycle.append((request_id, fields))
+
+    def token_batches(self, outputs: list[RequestOutput]) -> dict[str, list[TokenOutput]]:
+        """Each request's new tokens as a :class:`TokenOutput`, grouped by reply stream; a
+        finished request is forgotten and its finish goes to the lifecycle."""
+        batches: dict[str, list[TokenOutput]] = {}
+        for out in outputs:
+            stream, sent = self._reply.get(out.request_id, (None, 0))
+            if stream is None:
+                continue
+            reason = out.finish_reason.value if out.finish_reason else None
+            error = out.error if reason != "abort" else None
+            msg = TokenOutput(
+                out.request_id,
+                sent,
+                out.new_token_ids,
+                reason,
+                error,
+                t_first_run_s=out.t_first_run_s if sent == 0 else None,
+                num_preemptions=out.num_preemptions,
+                num_rotations=out.num_rotations,
+                error_kind=None if error is None else "engine",  # only a failed step errs
+            )
+            batches.setdefault(stream, []).append(msg)
+            if out.finished:
+                del self._reply[out.request_id]
+                fields = {"finished_s": time.time(), "finish_reason": reason or ""}
+                fields |= {"num_rotations": out.num_rotations}
+                fields |= {"num_preemptions": out.num_preemptions}
+                self._lifecycle.append((out.request_id, fields))
+            else:
+                self._reply[out.request_id] = (stream, sent + len(out.new_token_ids))
+        return batches
+
+    def queue_lifecycle(self, pipe: Any) -> None:
+        """The pending lifecycle fields, onto ``pipe`` (each hash expires)."""
+        for request_id, fields in self._lifecycle:
+            key = streams.request_lifecycle_key(request_id)
+            pipe.hset(key, mapping=fields)
+            pipe.expire(key, streams.LIFECYCLE_TTL_S)
+        self._lifecycle.clear()
+
+    async def send(self, redis: Redis, outputs: list[RequestOutput]) -> None:
+        """One batch per reply stream and the lifecycle fields, in one pipeline."""
+        batches = self.token_batches(outputs)
+        if not batches and not self._lifecycle:
+            return
+        async with redis.pipeline(transaction=False) as pipe:
+            for stream, batch in batches.items():
+                data = encode(TokenOutputs(batch))
+                pipe.xadd(stream, {"m": data}, maxlen=streams.MAXLEN_OUTPUTS, approximate=True)
+            self.queue_lifecycle(pipe)
+            await pipe.execute()

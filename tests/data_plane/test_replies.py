@@ -1,0 +1,64 @@
+"""A worker's outputs: one TokenOutputs batch per reply stream and iteration, token indices
+that count what was sent, finished requests forgotten with their lifecycle written."""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+from data_plane.engine.request import FinishReason, RequestOutput
+from data_plane.replies import Replies
+from shared import streams
+from shared.protocol import TokenOutputs, decode
+
+GW_A = "superinfer:gateway:a:outputs"
+GW_B = "superinfer:gateway:b:outputs"
+
+
+def _replies() -> Replies:
+    replies = Replies()
+    replies.admit("r1", GW_A, {"worker_id": "w0"})
+    replies.admit("r2", GW_B, {"worker_id": "w0"})
+    replies.admit("r3", GW_A, {"worker_id": "w0"})
+    return replies
+
+
+def test_outputs_are_grouped_by_reply_stream_with_running_indices() -> None:
+    replies = _replies()
+    first = replies.token_batches(
+        [RequestOutput("r1", [5, 6], 2), RequestOutput("r2", [7], 1), RequestOutput("r3", [8], 1)]
+    )
+    assert sorted(first) == [GW_A, GW_B]
+    assert [(o.request_id, o.index, o.token_ids) for o in first[GW_A]] == [
+        ("r1", 0, [5, 6]),
+        ("r3", 0, [8]),
+    ]
+    second = replies.token_batches([RequestOutput("r1", [9], 3), RequestOutput("nope", [1], 1)])
+    assert [(o.request_id, o.index) for o in second[GW_A]] == [("r1", 2)]  # 2 sent before
+    assert list(second) == [GW_A]  # a request this worker does not own is skipped
+
+
+def test_finished_requests_are_forgotten_and_aborts_carry_no_error() -> None:
+    replies = _replies()
+    done = replies.token_batches(
+        [
+            RequestOutput("r1", [5], 1, FinishReason.LENGTH),
+            RequestOutput("r2", [], 0, FinishReason.ABORT, error="aborted"),
+        ]
+    )
+    assert done[GW_A][0].finish_reason == "length" and "r1" not in replies
+    assert done[GW_B][0].error is None and done[GW_B][0].error_kind is None
+    assert len(replies) == 1 and replies.request_ids() == ["r3"]
+
+
+async def test_one_stream_entry_per_gateway_and_the_lifecycle(redis_client: Redis) -> None:
+    replies = _replies()
+    outputs = [RequestOutput(rid, [1], 1) for rid in ("r1", "r2", "r3")]
+    await replies.send(redis_client, outputs + [RequestOutput("r2", [], 1, FinishReason.STOP)])
+    entries_a = await redis_client.xrange(GW_A)
+    assert len(entries_a) == 1
+    batch = decode(entries_a[0][1][b"m"], TokenOutputs)
+    assert [o.request_id for o in batch.outputs] == ["r1", "r3"]
+    assert len(await redis_client.xrange(GW_B)) == 1
+    finished = await redis_client.hgetall(streams.request_lifecycle_key("r2"))
+    assert finished[b"finish_reason"] == b"stop" and finished[b"worker_id"] == b"w0"
+    await redis_client.delete(GW_A, GW_B)
