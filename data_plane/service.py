@@ -322,12 +322,16 @@ class Worker:
 
     async def _publish(self, outputs: list[RequestOutput], iteration_time_s: float) -> None:
         """The snapshot first, so the control plane plans while the tokens go out; then one
-        batch of token outputs per reply stream and the lifecycle updates, in one pipeline."""
+        batch of token outputs per reply stream and the lifecycle updates, in one pipeline.
+        The tokens are sent (and counted as sent) whatever happened to the snapshot: a batch
+        that is lost then shows as a gap at the gateway, never as silently missing tokens."""
         snapshot = self.planner.last_snapshot
         msg_bytes = self._snapshot_bytes(snapshot, iteration_time_s) if snapshot else None
-        if msg_bytes is not None:
-            await self._xadd(streams.SNAPSHOTS_STREAM, msg_bytes, streams.MAXLEN_SNAPSHOTS)
-        await self.replies.send(self.redis, outputs)
+        try:
+            if msg_bytes is not None:
+                await self._xadd(streams.SNAPSHOTS_STREAM, msg_bytes, streams.MAXLEN_SNAPSHOTS)
+        finally:
+            await self.replies.send(self.redis, outputs)
 
     def _snapshot_bytes(self, snapshot: Snapshot, iteration_time_s: float) -> bytes | None:
         """The encoded snapshot, or None (logged) when a value cannot travel (e.g. a client's

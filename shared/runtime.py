@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import gc
 import signal
+import time
 from collections.abc import Awaitable, Callable, Iterator
 
 import structlog
@@ -61,35 +62,60 @@ async def loop_with_backoff(
                 await on_error(exc)
 
 
+class _GcPacing:
+    """Process-wide state of :func:`garbage_collected_between_iterations` (the collector it
+    steers is process-wide too): how many services use it now, whether collection was on
+    before the first one, when the last full pass ran."""
+
+    num_users = 0
+    was_enabled = True
+    t_last_full_s = 0.0
+
+
+_PACING = _GcPacing()
+MIN_FULL_PASS_INTERVAL_S = 10.0  # CPython's own rule (long-lived objects grew by 25 %) is
+# not readable from Python; a time floor bounds full passes over a growing heap instead
+
+
 @contextlib.contextmanager
 def garbage_collected_between_iterations() -> Iterator[None]:
     """Within: CPython's automatic collection is off and the service calls
     :func:`collect_due_garbage` at a moment of its choosing (after it published an iteration's
     results). Left automatic, a generation-1 pass (0.5-1.5 ms on a small host) fell inside
     the snapshot -> plan round trip about one snapshot in ten. The heap built at start-up
-    (modules, model, engine) is frozen first, so a full pass never walks it again. Nesting is
-    safe (several services in one process): the outermost exit unfreezes and turns collection
-    back on."""
-    was_enabled = gc.isenabled()
-    if was_enabled:
+    (modules, model, engine) is frozen first, so a full pass never walks it again. Services
+    running side by side in one process (tasks) share it: the first to enter freezes and
+    disables, the last to leave unfreezes and restores collection as it was."""
+    if _PACING.num_users == 0:
+        _PACING.was_enabled = gc.isenabled()
         gc.collect()
         gc.freeze()
-    gc.disable()
+        gc.disable()
+        _PACING.t_last_full_s = time.monotonic()
+    _PACING.num_users += 1
     try:
         yield
     finally:
-        if was_enabled:
+        _PACING.num_users -= 1
+        if _PACING.num_users == 0:
             gc.unfreeze()
-            gc.enable()
+            if _PACING.was_enabled:
+                gc.enable()
 
 
 def collect_due_garbage() -> None:
-    """The collection CPython's thresholds call for by now, if any: the oldest generation whose
-    count reached its threshold (its counts keep rising while automatic collection is off)."""
+    """The collection CPython's thresholds call for by now, if any (its counts keep rising while
+    automatic collection is off): generation 0 or 1, or a full pass at most every
+    ``MIN_FULL_PASS_INTERVAL_S`` (else generation 1)."""
     counts, thresholds = gc.get_count(), gc.get_threshold()
     if counts[0] < thresholds[0]:
         return
     if counts[1] < thresholds[1]:
         gc.collect(0)
+        return
+    now = time.monotonic()
+    if counts[2] >= thresholds[2] and now - _PACING.t_last_full_s >= MIN_FULL_PASS_INTERVAL_S:
+        _PACING.t_last_full_s = now
+        gc.collect(2)
     else:
-        gc.collect(2 if counts[2] >= thresholds[2] else 1)
+        gc.collect(1)

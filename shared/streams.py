@@ -34,8 +34,11 @@ def gateway_outputs_stream(gateway_id: str) -> str:
 # Stream lengths are capped (approximate MAXLEN) so Redis memory stays bounded in long runs.
 MAXLEN_REQUESTS = 100_000
 MAXLEN_PLANS = 1_000
-MAXLEN_SNAPSHOTS = 64  # only the newest per worker matters; a 4,096-request one is ~170 KB
-MAXLEN_OUTPUTS = 100_000
+MAXLEN_SNAPSHOTS = 64  # only the newest per worker matters; a 4,096-request one is ~135 KB
+# An output entry is one worker iteration's TokenOutputs batch for that gateway (up to one
+# output per running request, ~67 bytes each): 4,096 entries are ~200 s of one worker at 20
+# iterations/s, ~25 s of eight, and at most 4,096 x the batch size in bytes.
+MAXLEN_OUTPUTS = 4_096
 
 # Hash SLO class name -> msgpack {ttft_s, tbt_s}, plus "version" (written validated by the admin
 # API; gateways attach a class's S_F/S_B to each request).

@@ -3,10 +3,15 @@ that count what was sent, finished requests forgotten with their lifecycle writt
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError
 
 from data_plane.engine.request import FinishReason, RequestOutput
 from data_plane.replies import Replies
+from data_plane.service import Worker
 from shared import streams
 from shared.protocol import TokenOutputs, decode
 
@@ -62,3 +67,33 @@ async def test_one_stream_entry_per_gateway_and_the_lifecycle(redis_client: Redi
     finished = await redis_client.hgetall(streams.request_lifecycle_key("r2"))
     assert finished[b"finish_reason"] == b"stop" and finished[b"worker_id"] == b"w0"
     await redis_client.delete(GW_A, GW_B)
+
+
+class SnapshotWritesFail:
+    """The real Redis, except that writing a snapshot fails (a blip between two calls)."""
+
+    def __init__(self, real: Redis) -> None:
+        self.real = real
+
+    async def xadd(self, stream: str, *args: object, **kwargs: object) -> bytes:
+        if stream == streams.SNAPSHOTS_STREAM:
+            raise ConnectionError("Redis went away")
+        return await self.real.xadd(stream, *args, **kwargs)  # type: ignore[arg-type]
+
+    def pipeline(self, **kwargs: object) -> object:
+        return self.real.pipeline(**kwargs)  # type: ignore[arg-type]
+
+
+async def test_a_failed_snapshot_write_still_sends_the_tokens(redis_client: Redis) -> None:
+    worker = Worker.__new__(Worker)  # only what _publish touches
+    worker.redis = SnapshotWritesFail(redis_client)  # type: ignore[assignment]
+    worker.replies = Replies()
+    worker.replies.admit("r1", GW_A, {"worker_id": "w0"})
+    worker.planner = SimpleNamespace(last_snapshot=object())  # type: ignore[assignment]
+    worker._snapshot_bytes = lambda snapshot, iteration_time_s: b"snapshot"  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        await worker._publish([RequestOutput("r1", [3, 4], 2)], 0.01)
+    (entry,) = await redis_client.xrange(GW_A)
+    (out,) = decode(entry[1][b"m"], TokenOutputs).outputs
+    assert (out.index, out.token_ids) == (0, [3, 4])  # sent and counted: no silent hole
+    await redis_client.delete(GW_A)

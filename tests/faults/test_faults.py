@@ -66,6 +66,7 @@ async def test_r3_redis_restart_under_load(system: System, redis_process: RedisP
         if not o.completed:
             print(f"  failed {o.t_end_s - t_back:+.1f} s after Redis was back: {o.error}")
     assert all(o.completed or o.clear_error for o in outcomes)
+    assert all(o.num_tokens == 96 for o in outcomes if o.completed)  # none silently short
     assert late_s <= 5.0
     assert all(o.t_end_s - o.t_start_s < 60 for o in outcomes)
 
