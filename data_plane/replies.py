@@ -1,23 +1,29 @@
 """Where a worker's outputs go: each owned request's reply stream and how many of its tokens
 were sent (so a gateway drops what a redelivery repeats), one :class:`TokenOutputs` batch per
-reply stream and iteration, and the lifecycle fields waiting to be written."""
+reply stream and iteration, and the lifecycle fields waiting to be written. Batches whose write
+failed (Redis away) are sent again, first, with the next iteration's: the gateway drops by
+index what it already has, so a Redis blip loses neither a token nor a finish."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import structlog
 from redis.asyncio import Redis
 
 from data_plane.engine.request import RequestOutput
 from shared import streams
 from shared.protocol import TokenOutput, TokenOutputs, encode
 
+log = structlog.get_logger(__name__)
+
 
 class Replies:
     def __init__(self) -> None:
         self._reply: dict[str, tuple[str, int]] = {}  # request id -> (stream, tokens sent)
         self._lifecycle: list[tuple[str, dict[str, Any]]] = []  # request id -> fields to set
+        self._unsent: dict[str, list[TokenOutput]] = {}  # batches whose write failed
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._reply
@@ -74,8 +80,14 @@ class Replies:
         self._lifecycle.clear()
 
     async def send(self, redis: Redis, outputs: list[RequestOutput]) -> None:
-        """One batch per reply stream and the lifecycle fields, in one pipeline."""
-        batches = self.token_batches(outputs)
+        """One batch per reply stream (any unsent one first) and the lifecycle fields, in one
+        pipeline. A connection error keeps the batches for the next call and propagates; a
+        stream that refuses its XADD (e.g. a key of another type) loses its batch, logged,
+        and blocks no other."""
+        batches = self._unsent
+        for stream, batch in self.token_batches(outputs).items():
+            batches.setdefault(stream, []).extend(batch)
+        self._unsent = batches
         if not batches and not self._lifecycle:
             return
         async with redis.pipeline(transaction=False) as pipe:
@@ -83,4 +95,8 @@ class Replies:
                 data = encode(TokenOutputs(batch))
                 pipe.xadd(stream, {"m": data}, maxlen=streams.MAXLEN_OUTPUTS, approximate=True)
             self.queue_lifecycle(pipe)
-            await pipe.execute()
+            results = await pipe.execute(raise_on_error=False)
+        self._unsent = {}
+        for stream, result in zip(batches, results, strict=False):
+            if isinstance(result, Exception):
+                log.error("reply_stream_refused_outputs", stream=stream, error=str(result))

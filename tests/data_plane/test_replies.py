@@ -97,3 +97,33 @@ async def test_a_failed_snapshot_write_still_sends_the_tokens(redis_client: Redi
     (out,) = decode(entry[1][b"m"], TokenOutputs).outputs
     assert (out.index, out.token_ids) == (0, [3, 4])  # sent and counted: no silent hole
     await redis_client.delete(GW_A)
+
+
+async def test_outputs_lost_to_a_redis_blip_are_sent_again_first(redis_client: Redis) -> None:
+    replies = _replies()
+    away = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)  # nothing there
+    lost = [RequestOutput("r1", [5], 1), RequestOutput("r2", [6], 1, FinishReason.LENGTH)]
+    with pytest.raises(ConnectionError):
+        await replies.send(away, lost)
+    await away.aclose()
+    await replies.send(redis_client, [RequestOutput("r1", [7], 2)])
+    (entry_a,) = await redis_client.xrange(GW_A)
+    outputs = decode(entry_a[1][b"m"], TokenOutputs).outputs
+    assert [(o.index, o.token_ids) for o in outputs] == [(0, [5]), (1, [7])]  # in order
+    (entry_b,) = await redis_client.xrange(GW_B)
+    (finish,) = decode(entry_b[1][b"m"], TokenOutputs).outputs
+    assert finish.finish_reason == "length"  # the finish was not lost with the blip
+    await replies.send(redis_client, [])
+    assert len(await redis_client.xrange(GW_A)) == 1  # sent once, not again
+    await redis_client.delete(GW_A, GW_B)
+
+
+async def test_a_stream_that_refuses_outputs_blocks_no_other(redis_client: Redis) -> None:
+    replies = _replies()
+    await redis_client.set(GW_B, "not a stream")  # XADD to it fails with WRONGTYPE
+    await replies.send(redis_client, [RequestOutput(r, [1], 1) for r in ("r1", "r2")])
+    assert len(await redis_client.xrange(GW_A)) == 1
+    await replies.send(redis_client, [RequestOutput("r1", [2], 2)])
+    (_, second) = await redis_client.xrange(GW_A)
+    assert [o.index for o in decode(second[1][b"m"], TokenOutputs).outputs] == [1]  # no retry
+    await redis_client.delete(GW_A, GW_B)
