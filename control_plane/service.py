@@ -61,7 +61,7 @@ def plan_for(msg: StateSnapshot, knobs: Knobs, knobs_version: int) -> RotationPl
     snapshot = to_policy_snapshot(msg, b_xfer)
     seqs = snapshot.requests.arrival_seq  # the handles plans name requests by
     if knobs.policy == "lvf":  # row indices straight to handles: no id, no batch chunks
-        moves = lvf_transitions(snapshot, knobs)
+        moves = lvf_transitions(snapshot, knobs, with_batch=False)
         transitions = (moves.admit, moves.resume, moves.rotate_out, moves.preempt)
         admit, resume, rotate_out, preempt = (seqs[rows].tolist() for rows in transitions)
         fcfs_fallback = moves.fcfs_fallback

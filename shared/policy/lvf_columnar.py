@@ -35,7 +35,7 @@ _SEGMENT = 256  # the scans rank this many of the most extreme VLTs first
 class Transitions(NamedTuple):
     """An LVF plan as row indices into the snapshot's columns: what the control plane turns
     into handles without making an id string. ``batch``/``tokens``: the packed batch, in
-    batch order, and each row's tokens."""
+    batch order, and each row's tokens (see ``with_batch``)."""
 
     preempt: Ints
     rotate_out: Ints
@@ -60,8 +60,12 @@ def lvf_columnar(snapshot: ColumnarSnapshot, knobs: Knobs) -> Plan:
     )
 
 
-def lvf_transitions(snapshot: ColumnarSnapshot, knobs: Knobs) -> Transitions:
-    """:func:`lvf_columnar`'s plan, as row indices."""
+def lvf_transitions(
+    snapshot: ColumnarSnapshot, knobs: Knobs, with_batch: bool = True
+) -> Transitions:
+    """:func:`lvf_columnar`'s plan, as row indices. ``with_batch`` False (the control plane,
+    which sends transitions only) packs the batch only when it decides who joins, and
+    otherwise leaves ``batch`` and ``tokens`` empty."""
     columns = snapshot.requests
     bs = snapshot.block_size
     is_running = columns.states == RUNNING_CODE
@@ -83,7 +87,7 @@ def lvf_transitions(snapshot: ColumnarSnapshot, knobs: Knobs) -> Transitions:
         if b_xfer - b_left > 0:
             b_swap = b_xfer - b_left
             leaving = _rotate_out_tail(snapshot, running, scores, b_swap, -b_hbm, knobs)
-    return _join_and_pack(snapshot, running, chosen, blk, leaving, b_hbm, fcfs_fallback)
+    return _join_and_pack(snapshot, running, chosen, blk, leaving, b_hbm, fcfs_fallback, with_batch)
 
 
 def _growth(snapshot: ColumnarSnapshot, running: Ints) -> int:
@@ -243,6 +247,7 @@ def _join_and_pack(
     leaving: tuple[Ints, Ints],
     room: int,
     fcfs_fallback: bool,
+    with_batch: bool,
 ) -> Transitions:
     """``shared.policy.lvf._join_and_pack``: resume the chosen rotary requests whose blocks
     fit in what is left of B_HBM (and whose rotate-out is done), let the chosen waiting ones
@@ -267,6 +272,8 @@ def _join_and_pack(
     resumed = chosen[acting[taken & is_rotary[acting]]]
     free -= int(blk[resumed].sum())
     joining = chosen[acting[taken & ~is_rotary[acting]]]  # whole KV fits the room
+    if not len(joining) and not with_batch:  # nobody whose admission the batch decides
+        return Transitions(preempted, rotated, resumed, _EMPTY, _EMPTY, [], fcfs_fallback)
     keep = running
     if len(rotated) or len(preempted):
         leaves = np.zeros(len(columns), np.bool_)

@@ -156,6 +156,9 @@ def test_columnar_lvf_equals_lvf_on_large_snapshots(seed: int, segment: int) -> 
         (chunk.request_id, chunk.num_tokens) for chunk in expected.schedule
     ]
     assert moves.fcfs_fallback == expected.fcfs_fallback
+    lean = lvf_transitions(columnar_from_snapshot(snapshot), knobs, with_batch=False)
+    for name in ("preempt", "rotate_out", "resume", "admit"):  # the control plane's call
+        assert getattr(lean, name).tolist() == getattr(moves, name).tolist()
 
 
 def with_unique_seqs(snapshot: Snapshot) -> Snapshot:
