@@ -1,8 +1,9 @@
 """Where a worker's outputs go: each owned request's reply stream and how many of its tokens
 were sent (so a gateway drops what a redelivery repeats), one :class:`TokenOutputs` batch per
 reply stream and iteration, and the lifecycle fields waiting to be written. Batches whose write
-failed (Redis away) are sent again, first, with the next iteration's: the gateway drops by
-index what it already has, so a Redis blip loses neither a token nor a finish."""
+failed (Redis away or refusing writes for now) are sent again, first, with the next call (the
+worker calls even when idle): the gateway drops by index what it already has, so a Redis blip
+loses neither a token nor a finish."""
 
 from __future__ import annotations
 
@@ -79,24 +80,63 @@ class Replies:
             pipe.expire(key, streams.LIFECYCLE_TTL_S)
         self._lifecycle.clear()
 
+    @property
+    def has_pending(self) -> bool:
+        """Outputs or lifecycle fields still to write (e.g. after a failed write)."""
+        return bool(self._unsent or self._lifecycle)
+
     async def send(self, redis: Redis, outputs: list[RequestOutput]) -> None:
         """One batch per reply stream (any unsent one first) and the lifecycle fields, in one
-        pipeline. A connection error keeps the batches for the next call and propagates; a
-        stream that refuses its XADD (e.g. a key of another type) loses its batch, logged,
-        and blocks no other."""
+        pipeline. What Redis could not take for now (connection lost, out of memory, read-only
+        replica) is kept for the next call, up to ``MAX_UNSENT_OUTPUTS`` per stream; a batch
+        that cannot be encoded, or a stream that is not a stream (WRONGTYPE), loses its batch,
+        logged, and blocks no other: the gateway then sees a gap."""
         batches = self._unsent
         for stream, batch in self.token_batches(outputs).items():
             batches.setdefault(stream, []).extend(batch)
-        self._unsent = batches
-        if not batches and not self._lifecycle:
+        encoded = _encoded(batches)
+        self._unsent = {stream: batches[stream] for stream in encoded}
+        if not encoded and not self._lifecycle:
             return
         async with redis.pipeline(transaction=False) as pipe:
-            for stream, batch in batches.items():
-                data = encode(TokenOutputs(batch))
+            for stream, data in encoded.items():
                 pipe.xadd(stream, {"m": data}, maxlen=streams.MAXLEN_OUTPUTS, approximate=True)
             self.queue_lifecycle(pipe)
             results = await pipe.execute(raise_on_error=False)
-        self._unsent = {}
-        for stream, result in zip(batches, results, strict=False):
-            if isinstance(result, Exception):
-                log.error("reply_stream_refused_outputs", stream=stream, error=str(result))
+        self._unsent = _still_unsent(self._unsent, results)
+
+
+MAX_UNSENT_OUTPUTS = 65_536  # per reply stream, kept while Redis refuses writes
+
+
+def _encoded(batches: dict[str, list[TokenOutput]]) -> dict[str, bytes]:
+    """Each batch encoded; one that cannot be (a bug upstream) is dropped, logged."""
+    encoded = {}
+    for stream, batch in batches.items():
+        try:
+            encoded[stream] = encode(TokenOutputs(batch))
+        except (TypeError, ValueError) as exc:
+            log.error("outputs_not_encodable", stream=stream, error=repr(exc))
+    return encoded
+
+
+def _still_unsent(
+    batches: dict[str, list[TokenOutput]], results: list[Any]
+) -> dict[str, list[TokenOutput]]:
+    """The batches whose XADD Redis refused for now, to send again; dropped (logged) when the
+    key is not a stream or the backlog passed ``MAX_UNSENT_OUTPUTS``."""
+    unsent = {}
+    for (stream, batch), result in zip(batches.items(), results, strict=False):
+        if not isinstance(result, Exception):
+            continue
+        permanent = "WRONGTYPE" in str(result) or len(batch) > MAX_UNSENT_OUTPUTS
+        log.error(
+            "reply_stream_refused_outputs",
+            stream=stream,
+            error=str(result),
+            num_outputs=len(batch),
+            kept=not permanent,
+        )
+        if not permanent:
+            unsent[stream] = batch
+    return unsent

@@ -102,6 +102,8 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
         with contextlib.suppress(RedisError):
+            if self.replies.has_pending:  # a last try for what a failed write left
+                await self.replies.send(self.redis, [])
             await self.redis.hdel(streams.WORKERS_KEY, self.settings.worker_id)
         log.info("worker_stopped", worker_id=self.settings.worker_id)
 
@@ -110,12 +112,14 @@ class Worker:
             await self._ensure_group()
 
     async def _iterate(self) -> None:
-        busy = self.engine.has_unfinished()
+        busy = self.engine.has_unfinished() or self.replies.has_pending
         await self._read_requests(block_ms=None if busy else self.settings.idle_block_ms)
         await self._read_plans()
         self._refresh_status()
         if self.engine.has_unfinished():
             await self._step()
+        elif self.replies.has_pending:  # a failed write's outputs, with nothing else to send
+            await self.replies.send(self.redis, [])
         collect_due_garbage()  # between iterations, not inside a step or the plan round trip
 
     async def _step(self) -> None:

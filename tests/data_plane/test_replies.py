@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError
+from redis.exceptions import ConnectionError, OutOfMemoryError, ReadOnlyError, ResponseError
 
 from data_plane.engine.request import FinishReason, RequestOutput
-from data_plane.replies import Replies
+from data_plane.replies import MAX_UNSENT_OUTPUTS, Replies, _still_unsent
 from data_plane.service import Worker
 from shared import streams
-from shared.protocol import TokenOutputs, decode
+from shared.protocol import TokenOutput, TokenOutputs, decode
 
 GW_A = "superinfer:gateway:a:outputs"
 GW_B = "superinfer:gateway:b:outputs"
@@ -127,3 +128,48 @@ async def test_a_stream_that_refuses_outputs_blocks_no_other(redis_client: Redis
     (_, second) = await redis_client.xrange(GW_A)
     assert [o.index for o in decode(second[1][b"m"], TokenOutputs).outputs] == [1]  # no retry
     await redis_client.delete(GW_A, GW_B)
+
+
+def test_refusals_for_now_are_kept_and_wrong_types_dropped() -> None:
+    batches = {GW_A: [TokenOutput("r1", 0, [1])], GW_B: [TokenOutput("r2", 0, [2])], "s": []}
+    results = [
+        OutOfMemoryError("OOM command not allowed when used memory > 'maxmemory'."),
+        ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
+        b"1-0",
+        1,  # the lifecycle commands' replies follow the batches'
+    ]
+    assert _still_unsent(batches, results) == {GW_A: batches[GW_A]}
+    backlog = {GW_A: [TokenOutput("r1", i, [1]) for i in range(MAX_UNSENT_OUTPUTS + 1)]}
+    assert _still_unsent(backlog, [ReadOnlyError("READONLY replica")]) == {}  # bounded
+
+
+async def test_an_unencodable_batch_blocks_no_other(redis_client: Redis) -> None:
+    replies = _replies()
+    bad = RequestOutput("r2", [np.int64(3)], 1)  # type: ignore[list-item]  # a bug upstream
+    await replies.send(redis_client, [RequestOutput("r1", [1], 1), bad])
+    assert len(await redis_client.xrange(GW_A)) == 1 and not await redis_client.exists(GW_B)
+    assert not replies.has_pending  # dropped, not retried forever
+    await redis_client.delete(GW_A)
+
+
+async def test_an_idle_worker_still_sends_what_a_failed_write_left(redis_client: Redis) -> None:
+    worker = Worker.__new__(Worker)  # only what an idle _iterate touches
+    worker.replies = _replies()
+    away = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
+    with pytest.raises(ConnectionError):  # the last request's finish, while Redis was away
+        await worker.replies.send(away, [RequestOutput("r1", [5], 1, FinishReason.STOP)])
+    await away.aclose()
+    worker.redis = redis_client
+    worker.engine = SimpleNamespace(has_unfinished=lambda: False)  # type: ignore[assignment]
+
+    async def nothing_new(block_ms: int | None = None) -> None:
+        return None
+
+    worker._read_requests = nothing_new  # type: ignore[method-assign]
+    worker._read_plans = nothing_new  # type: ignore[method-assign,assignment]
+    worker._refresh_status = lambda: None  # type: ignore[method-assign]
+    await worker._iterate()
+    (entry,) = await redis_client.xrange(GW_A)
+    (finish,) = decode(entry[1][b"m"], TokenOutputs).outputs
+    assert finish.finish_reason == "stop" and not worker.replies.has_pending
+    await redis_client.delete(GW_A)
