@@ -151,7 +151,8 @@ class RequestTable:
             if np.isinf(self.column(name)).any():
                 raise ValueError(f"{name} must be finite or NaN (unknown)")
         for name in (*_COUNTS, "num_blocks_synced", "arrival_seq"):
-            if self.column(name).min() < 0:
+            data: bytes = getattr(self, name)  # packed at its own width: no int64 copy
+            if data and np.frombuffer(data, _INT_DTYPES[len(data) // self.num_requests]).min() < 0:
                 raise ValueError(f"{name} must be >= 0")
 
     def column(self, name: str) -> np.ndarray:
