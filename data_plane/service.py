@@ -112,7 +112,7 @@ class Worker:
             await self._ensure_group()
 
     async def _iterate(self) -> None:
-        busy = self.engine.has_unfinished() or self.replies.has_pending
+        busy = self.engine.has_unfinished()  # idle: the read paces retries of a failed write
         await self._read_requests(block_ms=None if busy else self.settings.idle_block_ms)
         await self._read_plans()
         self._refresh_status()

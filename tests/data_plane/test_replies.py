@@ -161,9 +161,11 @@ async def test_an_idle_worker_still_sends_what_a_failed_write_left(redis_client:
     await away.aclose()
     worker.redis = redis_client
     worker.engine = SimpleNamespace(has_unfinished=lambda: False)  # type: ignore[assignment]
+    worker.settings = SimpleNamespace(idle_block_ms=50)  # type: ignore[assignment]
+    reads: list[int | None] = []
 
     async def nothing_new(block_ms: int | None = None) -> None:
-        return None
+        reads.append(block_ms)
 
     worker._read_requests = nothing_new  # type: ignore[method-assign]
     worker._read_plans = nothing_new  # type: ignore[method-assign,assignment]
@@ -172,4 +174,5 @@ async def test_an_idle_worker_still_sends_what_a_failed_write_left(redis_client:
     (entry,) = await redis_client.xrange(GW_A)
     (finish,) = decode(entry[1][b"m"], TokenOutputs).outputs
     assert finish.finish_reason == "stop" and not worker.replies.has_pending
+    assert reads[0] == 50  # idle, the read still blocks: retries of a refused write are paced
     await redis_client.delete(GW_A)
