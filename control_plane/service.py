@@ -125,9 +125,9 @@ class ControlPlane:
         collect_due_garbage()  # the plans are out: off the round trip's critical path
 
     async def _publish_plans(self, snapshots: list[StateSnapshot]) -> None:
-        """One XADD per plan, sent together (a single plan, the common case, skips the
-        pipeline object: this is the round trip's critical path)."""
-        commands = []
+        """One plan per snapshot, each to its worker's plan stream with its own XADD (sent
+        together; with one worker, the common case, that is a single command)."""
+        writes = []
         for msg in snapshots:
             try:
                 plan = plan_for(msg, self.knobs, self.knobs_version)
@@ -136,18 +136,12 @@ class ControlPlane:
                 log.error("unplannable_snapshot", worker_id=msg.worker_id, error=str(exc))
                 continue
             stream = streams.worker_plans_stream(msg.worker_id)
-            commands.append((stream, encode(plan)))
-            self.num_plans += 1
-        if len(commands) == 1:
-            stream, data = commands[0]
-            await self.redis.xadd(
-                stream, {"m": data}, maxlen=streams.MAXLEN_PLANS, approximate=True
+            data = encode(plan)
+            writes.append(
+                self.redis.xadd(stream, {"m": data}, maxlen=streams.MAXLEN_PLANS, approximate=True)
             )
-        elif commands:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for stream, data in commands:
-                    pipe.xadd(stream, {"m": data}, maxlen=streams.MAXLEN_PLANS, approximate=True)
-                await pipe.execute()
+            self.num_plans += 1
+        await asyncio.gather(*writes)
 
     async def _heartbeat_and_knobs(self) -> None:
         now = time.monotonic()

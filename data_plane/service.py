@@ -268,11 +268,7 @@ class Worker:
         self._num_failed_steps += 1
         if self._num_failed_steps < MAX_FAILED_STEPS:
             return
-        log.error(
-            "engine_failing_all_requests",
-            error=repr(exc),
-            num_requests=len(self.replies.request_ids()),
-        )
+        log.error("engine_failing_all_requests", error=repr(exc), num_requests=len(self.replies))
         reason = f"engine error: {exc!r}"
         outputs = []
         for request_id in self.replies.request_ids():
@@ -325,10 +321,9 @@ class Worker:
         )
 
     async def _publish(self, outputs: list[RequestOutput], iteration_time_s: float) -> None:
-        """The snapshot first, so the control plane plans while the tokens go out; then one
-        batch of token outputs per reply stream and the lifecycle updates, in one pipeline.
-        The tokens are sent (and counted as sent) whatever happened to the snapshot: a batch
-        that is lost then shows as a gap at the gateway, never as silently missing tokens."""
+        """The snapshot first, so the control plane plans while the tokens go out; then the
+        token outputs and lifecycle updates (:meth:`Replies.send`), whatever happened to the
+        snapshot: outputs whose write fails are kept and sent again with the next write."""
         snapshot = self.planner.last_snapshot
         msg_bytes = self._snapshot_bytes(snapshot, iteration_time_s) if snapshot else None
         try:

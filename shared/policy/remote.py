@@ -35,7 +35,7 @@ def fit_plan(
     resume = valid(resume_seqs, RequestState.ROTARY)
     admit = valid(admit_seqs, RequestState.WAITING)
     running, _, _ = split_snapshot(snapshot)
-    leaving = {v.request_id for v in preempt} | {v.request_id for v in rotate_out}
+    leaving = {v.request_id for v in preempt + rotate_out}
     keep = [v for v in running if v.request_id not in leaving]
     room = max(0, snapshot.max_num_seqs - len(keep))
     resume = resume[:room]
