@@ -20,7 +20,7 @@ from shared import streams
 from shared.costmodel import resolve_b_xfer_blocks
 from shared.knobs import read_knobs
 from shared.policy import ColumnarSnapshot, Knobs, make_plan
-from shared.policy.lvf_columnar import lvf_transitions
+from shared.policy.lvf import lvf_transitions
 from shared.protocol import RotationPlan, StateSnapshot, encode
 from shared.protocol.convert import columns_from_table, stream_messages
 from shared.runtime import (

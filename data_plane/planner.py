@@ -6,7 +6,6 @@ from __future__ import annotations
 import structlog
 
 from shared.policy import ColumnarSnapshot, Knobs, Plan, Snapshot, make_plan
-from shared.policy.columns import snapshot_from_columnar
 from shared.policy.remote import fit_plan
 from shared.protocol import RotationPlan
 
@@ -24,7 +23,7 @@ class HybridPlanner:
         self.num_remote = 0
         self.num_local = 0
         self.num_remote_transitions = 0  # state changes taken from remote plans (still valid)
-        self.last_snapshot: Snapshot | None = None
+        self.last_snapshot: Snapshot | ColumnarSnapshot | None = None
 
     def offer(self, plan: RotationPlan) -> bool:
         """A plan arrived from the control plane; keep it if it is the newest of this
@@ -37,14 +36,8 @@ class HybridPlanner:
             return True
         return False
 
-    def __call__(self, engine_snapshot: Snapshot | ColumnarSnapshot) -> Plan:
-        """The plan for this iteration. The worker's engine hands views; columns (an engine
-        built ``columnar``) are turned into views here, as fitting a remote plan walks them."""
-        snapshot = (
-            snapshot_from_columnar(engine_snapshot)
-            if isinstance(engine_snapshot, ColumnarSnapshot)
-            else engine_snapshot
-        )
+    def __call__(self, snapshot: Snapshot | ColumnarSnapshot) -> Plan:
+        """The plan for this iteration (the worker's engine hands columns; views work too)."""
         self.last_snapshot = snapshot
         remote = self.remote
         fresh = remote is not None and (
@@ -56,7 +49,7 @@ class HybridPlanner:
             return make_plan(snapshot, self.knobs)
         self.num_remote += 1
         if self._remote_applied:  # already executed: keep running, wait for the next plan
-            return fit_plan(snapshot, [], [], [], [])
+            return fit_plan(snapshot, [], [], [], [], self.knobs)
         self._remote_applied = True
         plan = fit_plan(
             snapshot,
@@ -64,6 +57,7 @@ class HybridPlanner:
             remote.resume_seqs,
             remote.rotate_out_seqs,
             remote.preempt_seqs,
+            self.knobs,
         )
         self.num_remote_transitions += len(plan.admit_ids) + len(plan.resume_ids)
         self.num_remote_transitions += len(plan.rotate_out_ids) + len(plan.preempt_ids)

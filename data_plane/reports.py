@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from data_plane.engine.engine import Engine
-from shared.policy import Snapshot, columns_from_views
+from shared.policy import ColumnarSnapshot, RequestColumns, Snapshot, columns_from_views
 from shared.policy.columns import WAITING_CODE, pick_ids
 from shared.protocol import StateSnapshot, WorkerStatus
 from shared.protocol.convert import table_from_columns
@@ -24,7 +24,7 @@ class WorkerIdentity(NamedTuple):
 def state_snapshot(
     engine: Engine,
     identity: WorkerIdentity,
-    snapshot: Snapshot,
+    snapshot: Snapshot | ColumnarSnapshot,
     iteration_time_s: float,
     plan_source: str,
 ) -> StateSnapshot:
@@ -34,7 +34,8 @@ def state_snapshot(
     kv = engine.kv
     columns = engine.last_columns
     if columns is None or len(columns) != len(snapshot.requests):
-        columns = columns_from_views(snapshot.requests)
+        requests = snapshot.requests
+        columns = requests if isinstance(requests, RequestColumns) else columns_from_views(requests)
     synced = np.zeros(len(columns), np.int64)  # a waiting request holds no blocks
     tables = kv.tables
     holding = np.flatnonzero(columns.states != WAITING_CODE)

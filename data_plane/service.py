@@ -30,7 +30,7 @@ from data_plane.settings import WorkerSettings
 from shared import streams
 from shared.costmodel import resolve_b_xfer_blocks
 from shared.knobs import read_knobs
-from shared.policy import Knobs, Snapshot
+from shared.policy import ColumnarSnapshot, Knobs, Snapshot
 from shared.protocol import (
     AbortRequest,
     ProtocolError,
@@ -62,6 +62,7 @@ class Worker:
         self.settings = settings
         self.engine = engine
         engine.keep_columns = True  # the wire snapshot, from the queues' cached columns
+        engine.columnar = True  # the planner (LVF, fitting remote plans) works on columns
         self.redis = redis
         self.block_bytes = block_bytes
         self.epoch = uuid.uuid4().hex[:12]
@@ -332,7 +333,9 @@ class Worker:
         finally:
             await self.replies.send(self.redis, outputs)
 
-    def _snapshot_bytes(self, snapshot: Snapshot, iteration_time_s: float) -> bytes | None:
+    def _snapshot_bytes(
+        self, snapshot: Snapshot | ColumnarSnapshot, iteration_time_s: float
+    ) -> bytes | None:
         """The encoded snapshot, or None (logged) when a value cannot travel (e.g. a client's
         non-finite arrival time): the worker then plans locally, it does not stop."""
         try:
@@ -341,7 +344,9 @@ class Worker:
             log.error("snapshot_not_published", iteration=snapshot.iteration, error=str(exc))
             return None
 
-    def _snapshot_message(self, snapshot: Snapshot, iteration_time_s: float) -> StateSnapshot:
+    def _snapshot_message(
+        self, snapshot: Snapshot | ColumnarSnapshot, iteration_time_s: float
+    ) -> StateSnapshot:
         identity = WorkerIdentity(self.settings.worker_id, self.epoch, self.block_bytes)
         return state_snapshot(
             self.engine, identity, snapshot, iteration_time_s, self.planner.source

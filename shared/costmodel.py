@@ -5,11 +5,24 @@ Used by the simulator that runs the real engine in virtual time. The model is a 
 
     iteration = fixed_overhead
               + weight_bytes / hbm_bandwidth                      (weights read once per step)
-              + prefill_tokens * flops_per_token / peak_flops     (GEMMs of prompt tokens)
+              + prefill_tokens * prefill_s_per_token              (GEMMs of prompt tokens)
+              + attention_pairs * attention_s_per_pair            (prefill attention scores)
               + context_tokens * kv_bytes_per_token / hbm_bandwidth  (KV read by attention)
 
 ``context_tokens`` is the sum over scheduled sequences of the tokens each one attends to.
-Decode tokens' GEMM FLOPs are not counted: a decode step is bound by the weight read.
+``attention_pairs`` counts the (query, key) pairs of the prefill chunks: a chunk of ``c`` tokens
+starting at offset ``s`` has ``c * s + c * (c + 1) / 2`` (:func:`prefill_attention_pairs`).
+Decode tokens' GEMM FLOPs and attention are not counted beyond the KV read: a decode step is
+bound by the weight read. A profile without ``prefill_s_per_token`` (older files) charges
+``flops_per_token / peak_flops`` per prefill token, and ``attention_s_per_pair`` defaults to 0.
+
+Two more costs the simulator charges with a profile's constants:
+
+- copy/compute interference: KV copies running under an iteration's compute slow it down;
+  the iteration takes ``compute + (1 / copy_compute_overlap_efficiency - 1) * min(compute,
+  copy seconds overlapping it)`` (:func:`copy_interference_s`; efficiency 1.0: no interference);
+- planning: each engine step first pays ``plan_fixed_s + plan_per_request_s * requests`` in
+  the snapshot (:func:`plan_time_s`), the policy's planning time on the worker's CPU.
 
 Profiles are JSON files; the built-in ones live in ``shared/policy/profiles/<name>.json``. Every
 constant's origin is kept under ``"_sources"`` (``CostProfile.sources``).
@@ -20,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -28,6 +41,12 @@ from typing import Any
 _PROFILE_PACKAGE = "shared.policy"
 _PROFILE_DIR = "profiles"
 _SOURCES_KEY = "_sources"
+_COUNT_NAMES = (
+    "num_prefill_tokens",
+    "num_decode_seqs",
+    "num_context_tokens",
+    "num_attention_pairs",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +67,11 @@ class CostProfile:
     link_duplex_bytes_s: float
     block_size_tokens: int = 16
     hbm_kv_bytes_total: float | None = None
+    prefill_s_per_token: float | None = None  # None: flops_per_token / peak_flops
+    attention_s_per_pair: float = 0.0
+    copy_compute_overlap_efficiency: float = 1.0
+    plan_fixed_s: float = 0.0
+    plan_per_request_s: float = 0.0
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -72,6 +96,22 @@ class CostProfile:
             raise ValueError(f"profile {self.name!r}: hbm_kv_bytes_total must be > 0 or null")
         if not isinstance(self.duplex, bool):
             raise ValueError(f"profile {self.name!r}: duplex must be true or false")
+        self._check_new_fields()
+
+    def _check_new_fields(self) -> None:
+        per_token = self.prefill_s_per_token
+        if per_token is not None and not (math.isfinite(per_token) and per_token > 0):
+            raise ValueError(f"profile {self.name!r}: prefill_s_per_token must be > 0 or null")
+        for name in ("attention_s_per_pair", "plan_fixed_s", "plan_per_request_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"profile {self.name!r}: {name} must be >= 0, got {value!r}")
+        efficiency = self.copy_compute_overlap_efficiency
+        if not (isinstance(efficiency, int | float) and 0 < efficiency <= 1):
+            raise ValueError(
+                f"profile {self.name!r}: copy_compute_overlap_efficiency must be in (0, 1],"
+                f" got {efficiency!r}"
+            )
 
 
 def kv_block_bytes(profile: CostProfile) -> int:
@@ -79,29 +119,56 @@ def kv_block_bytes(profile: CostProfile) -> int:
     return int(profile.kv_bytes_per_token * profile.block_size_tokens)
 
 
+def prefill_attention_pairs(start: int, num_tokens: int) -> int:
+    """(query, key) pairs of a causal prefill chunk of ``num_tokens`` tokens after ``start``
+    tokens of KV: token ``i`` of the chunk attends to ``start + i + 1`` keys."""
+    return num_tokens * start + num_tokens * (num_tokens + 1) // 2
+
+
 def iteration_time_s(
     profile: CostProfile,
     num_prefill_tokens: int,
     num_decode_seqs: int,
     num_context_tokens: int,
+    num_attention_pairs: int = 0,
 ) -> float:
-    """Seconds one engine step takes (module docstring formula); 0.0 for an empty step."""
-    for name, value in (
-        ("num_prefill_tokens", num_prefill_tokens),
-        ("num_decode_seqs", num_decode_seqs),
-        ("num_context_tokens", num_context_tokens),
-    ):
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
+    """Seconds one engine step takes (module docstring formula); 0.0 for an empty step.
+
+    ``num_attention_pairs``: the prefill chunks' (query, key) pairs, summed
+    (:func:`prefill_attention_pairs` of each chunk)."""
+    counts = (num_prefill_tokens, num_decode_seqs, num_context_tokens, num_attention_pairs)
+    if min(counts) < 0:
+        name, value = next((n, v) for n, v in zip(_COUNT_NAMES, counts, strict=True) if v < 0)
+        raise ValueError(f"{name} must be >= 0, got {value}")
     if num_prefill_tokens == 0 and num_decode_seqs == 0:
         return 0.0
     hbm = profile.hbm_bandwidth_bytes_s
+    per_token = profile.prefill_s_per_token
+    if per_token is None:
+        per_token = profile.flops_per_token / profile.peak_flops
     return (
         profile.fixed_overhead_s
         + profile.weight_bytes / hbm
-        + num_prefill_tokens * profile.flops_per_token / profile.peak_flops
+        + num_prefill_tokens * per_token
+        + num_attention_pairs * profile.attention_s_per_pair
         + num_context_tokens * profile.kv_bytes_per_token / hbm
     )
+
+
+def copy_interference_s(profile: CostProfile, compute_s: float, copy_s: float) -> float:
+    """Seconds KV copies add to ``compute_s`` of model execution when ``copy_s`` seconds of
+    them run under it: ``(1 / copy_compute_overlap_efficiency - 1) * min(compute_s, copy_s)``.
+    With efficiency ``e``, a copy as long as the compute makes both take ``compute / e``
+    (ANCHORS.md: max(copy, gemm) / both together = 0.90)."""
+    if compute_s < 0 or copy_s < 0:
+        raise ValueError(f"times must be >= 0, got compute={compute_s}, copy={copy_s}")
+    return (1.0 / profile.copy_compute_overlap_efficiency - 1.0) * min(compute_s, copy_s)
+
+
+def plan_time_s(profile: CostProfile, num_requests: int) -> float:
+    """Seconds the policy takes to plan one step over a snapshot of ``num_requests``
+    requests: ``plan_fixed_s + plan_per_request_s * num_requests``."""
+    return profile.plan_fixed_s + profile.plan_per_request_s * num_requests
 
 
 def transfer_time_s(profile: CostProfile, bytes_h2d: float, bytes_d2h: float) -> float:
@@ -215,7 +282,9 @@ def profile_from_dict(data: Mapping[str, Any]) -> CostProfile:
     unknown = sorted(set(values) - names)
     if unknown:
         raise ValueError(f"unknown cost profile fields {unknown}; known: {sorted(names)}")
-    required = {f.name for f in fields(CostProfile) if _is_required(f.name)}
+    required = {
+        f.name for f in fields(CostProfile) if f.default is MISSING and f.default_factory is MISSING
+    }
     missing = sorted(required - set(values))
     if missing:
         raise ValueError(f"cost profile {data.get('name')!r} lacks fields {missing}")
@@ -237,7 +306,3 @@ def profile_to_dict(profile: CostProfile) -> dict[str, Any]:
 def save_profile(profile: CostProfile, path: str | Path) -> None:
     """Write ``profile`` as JSON to ``path`` (e.g. one fitted on a GPU)."""
     Path(path).write_text(json.dumps(profile_to_dict(profile), indent=2) + "\n", encoding="utf-8")
-
-
-def _is_required(name: str) -> bool:
-    return name not in {"block_size_tokens", "hbm_kv_bytes_total", "sources"}

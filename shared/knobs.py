@@ -11,6 +11,8 @@ from shared.policy import POLICY_NAMES, Knobs
 from shared.streams import KNOBS_KEY
 
 _FLOAT_FIELDS = {"alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s", "min_residency_s"}
+_BOOL_FIELDS = {"rotate_only_for_lag", "protect_unserved", "hold_room_for_rotary"}
+_BOOL_TEXT = {"true": True, "1": True, "false": False, "0": False}
 
 
 def knobs_from_mapping(raw: dict[str, Any], base: Knobs | None = None) -> Knobs:
@@ -34,11 +36,21 @@ def _parse(key: str, value: Any) -> Any:
     try:
         if key in _FLOAT_FIELDS:
             return float(value)
+        if key in _BOOL_FIELDS:
+            return _parse_bool(value)
         if key == "b_xfer":
             return None if value in (None, "auto", "") else int(value)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"knob {key!r}: {value!r} is not a valid value") from exc
     return str(value)
+
+
+def _parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in _BOOL_TEXT:
+        return _BOOL_TEXT[value.lower()]
+    raise ValueError(f"{value!r} is not a boolean")
 
 
 def knobs_to_mapping(knobs: Knobs) -> dict[str, str]:

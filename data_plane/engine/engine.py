@@ -96,6 +96,7 @@ class Engine:
         self.stats = EngineStats()
         self._arrival_seq = 0
         self._pending_outputs: list[RequestOutput] = []
+        self._arriving: list[Request] = []  # resumed, their KV still being copied in
 
     # ---- requests in and out -------------------------------------------------------------
     def add_request(
@@ -167,10 +168,12 @@ class Engine:
         self.stats.num_iterations += 1
         self.kv.poll()
         now = self.clock()
+        if self._arriving:
+            self._mark_resident(now)
         plan = self.planner(self._snapshot_for_planner(now))
         self.stats.last_plan = plan
         self._apply_transitions(plan, now)
-        items = self._allocate(plan)
+        items = self._allocate(plan, now)
         self.kv.issue_transfers()
         outputs, self._pending_outputs = self._pending_outputs, []
         if items:
@@ -298,9 +301,11 @@ class Engine:
                 continue  # not enough free HBM yet; the policy will ask again
             self.rotary.remove(request)
             request.state = RequestState.RUNNING
-            request.t_run_s = now
+            request.t_run_s = now  # set again when its KV is resident (_mark_resident)
             self.stats.num_rotations_in += 1
             self.running.append(request)
+            if not self.kv.is_resident(request_id):
+                self._arriving.append(request)
         for request_id in plan.admit_ids:
             request = self._expect(request_id, RequestState.WAITING)
             self.waiting.remove(request)
@@ -308,6 +313,30 @@ class Engine:
             request.t_run_s = now
             request.t_first_run_s = request.t_first_run_s or now
             self.running.append(request)
+
+    def _mark_resident(self, now: float) -> None:
+        """Resumed requests whose KV copy completed (re)enter running now: t_run is when the
+        request can compute again, not when its copy was issued (SUPERINFER.md §3)."""
+        still: list[Request] = []
+        for request in self._arriving:
+            if request.state is not RequestState.RUNNING or request.finished:
+                continue
+            if self.kv.is_resident(request.request_id):
+                request.t_run_s = now
+            else:
+                still.append(request)
+        self._arriving = still
+
+    def _unadmit(self, request: Request, now: float) -> None:
+        """An admitted request whose first chunk found no free block goes back to waiting
+        (it holds no KV): running means "KV in HBM, scheduled"."""
+        self.running.remove(request)
+        self.kv.free(request.request_id)
+        request.state = RequestState.WAITING
+        request.t_run_s = None
+        if request.t_first_run_s == now:
+            request.t_first_run_s = None
+        self.waiting.appendleft(request)
 
     def _preempt(self, request: Request) -> None:
         """Preempt by recompute: drop the KV, back to the front of the waiting queue."""
@@ -325,8 +354,9 @@ class Engine:
             raise RuntimeError(f"plan names {request_id!r}, which is not {state.value}")
         return request
 
-    def _allocate(self, plan: Plan) -> list[BatchItem]:
+    def _allocate(self, plan: Plan, now: float) -> list[BatchItem]:
         items: list[BatchItem] = []
+        admitted = set(plan.admit_ids)
         for chunk in plan.schedule:
             request = self._expect(chunk.request_id, RequestState.RUNNING)
             end = request.num_computed_tokens + chunk.num_tokens
@@ -335,6 +365,8 @@ class Engine:
             block_ids = self.kv.ensure_hbm(chunk.request_id, request.num_computed_tokens, end)
             if block_ids is None:
                 self.stats.num_skipped_chunks += 1
+                if chunk.request_id in admitted and request.num_computed_tokens == 0:
+                    self._unadmit(request, now)
                 continue
             items.append(BatchItem(request, chunk.num_tokens, block_ids))
         return items

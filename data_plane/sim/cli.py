@@ -10,6 +10,7 @@ Wire-up (superinfer/cli.py)::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from data_plane.sim.setup import SimSetup
 from data_plane.sim.simulator import ProgressFn
 from data_plane.sim.sweep import SweepJob, run_sweep
 from shared.costmodel import load_profile
-from shared.policy import POLICY_NAMES, Knobs
+from shared.policy import PAPER_LVF, POLICY_NAMES, Knobs
 
 _DEFAULTS = Knobs()
 
@@ -42,6 +43,11 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=_DEFAULTS.min_residency_s,
         help="LVF extension: seconds a (re)started request is spared by the tail scan (0: off)",
+    )
+    add(
+        "--paper-lvf",
+        action="store_true",
+        help="LVF exactly as SUPERINFER.md §4 (every extension off, min residency 0)",
     )
     add("--beta-f", type=float, default=_DEFAULTS.beta_f)
     add("--ttft-slo", type=float, default=_DEFAULTS.slo_ttft_s, help="S_F seconds")
@@ -100,6 +106,8 @@ def build_jobs(args: argparse.Namespace) -> tuple[list[SweepJob], dict[str, Any]
         slo_ttft_s=args.ttft_slo,
         slo_tbt_s=args.tbt_slo,
     )
+    if args.paper_lvf:
+        knobs = dataclasses.replace(knobs, **PAPER_LVF)
     setup = SimSetup(
         load_profile(args.profile),
         args.hbm_kv_gib,
@@ -141,6 +149,7 @@ def _config(
         "beta_b",
         "beta_f",
         "min_residency",
+        "paper_lvf",
         "ttft_slo",
         "tbt_slo",
         "transfer",

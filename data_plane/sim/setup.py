@@ -5,6 +5,12 @@ the model and the copies replaced by the cost model (:class:`SimulatedExecutor`,
 Policies that never rotate (vllm, vllm-priority) run on an HBM-only KV manager, as vLLM V1
 has no host tier; swap, edf and lvf get the DRAM tier when ``dram_kv_gib > 0``. Pools are
 ``gib / block bytes`` blocks (2 MiB per 16-token block for Llama-3-8B).
+
+The worker plans locally, so every engine step first pays the policy's planning time: the
+planner is wrapped in a :class:`ChargedPlanner` that advances the virtual clock by the
+profile's deterministic ``costmodel.plan_time_s`` of the snapshot's size (not wall time), for
+every policy. The executor asks the transfer engine how long the link copies under each
+iteration's compute and charges the copy/compute interference.
 """
 
 from __future__ import annotations
@@ -12,14 +18,20 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from data_plane.engine.engine import Engine
+from data_plane.engine.engine import Engine, Planner
 from data_plane.kv.manager import KVCacheManager
 from data_plane.kv.tiered import TieredKVCacheManager
 from data_plane.sim.clock import VirtualClock
 from data_plane.sim.executor import SimulatedExecutor
 from data_plane.sim.transfer import DuplexLink, SimulatedTransferEngine, naive_link
-from shared.costmodel import CostProfile, auto_b_xfer_blocks, iteration_time_s, kv_block_bytes
-from shared.policy import Knobs, make_plan
+from shared.costmodel import (
+    CostProfile,
+    auto_b_xfer_blocks,
+    iteration_time_s,
+    kv_block_bytes,
+    plan_time_s,
+)
+from shared.policy import ColumnarSnapshot, Knobs, Plan, Snapshot, make_plan
 
 GIB = 1 << 30
 ROTATING_POLICIES = frozenset({"swap", "edf", "lvf"})
@@ -65,6 +77,31 @@ class SimSetup:
         return int(self.dram_kv_gib * GIB // self.block_bytes)
 
 
+class ChargedPlanner:
+    """``planner`` (the engine's) that first advances ``clock`` by ``plan_time_s(profile,
+    len(snapshot.requests))``: the step's planning time, charged before its copies and
+    compute. ``t_planned_s`` is the clock right after the last charge (the simulator's stall
+    check: a step that moved the clock no further did nothing)."""
+
+    __slots__ = ("clock", "num_calls", "plan_s", "planner", "profile", "t_planned_s")
+
+    def __init__(self, planner: Planner, clock: VirtualClock, profile: CostProfile) -> None:
+        self.planner = planner
+        self.clock = clock
+        self.profile = profile
+        self.plan_s = 0.0  # planning time charged so far
+        self.num_calls = 0
+        self.t_planned_s = clock.now
+
+    def __call__(self, snapshot: Snapshot | ColumnarSnapshot) -> Plan:
+        seconds = plan_time_s(self.profile, len(snapshot.requests))
+        self.clock.now += seconds
+        self.plan_s += seconds
+        self.num_calls += 1
+        self.t_planned_s = self.clock.now
+        return self.planner(snapshot)
+
+
 @dataclass(slots=True)
 class SimParts:
     clock: VirtualClock
@@ -72,26 +109,15 @@ class SimParts:
     executor: SimulatedExecutor
     transfer: SimulatedTransferEngine | None
     auto_profile: CostProfile | None  # set when b_xfer is "auto"
+    planner: ChargedPlanner
 
 
 def build_parts(policy: str, knobs: Knobs, setup: SimSetup) -> SimParts:
-    """The engine (with its KV manager, executor and transfer engine) for one run."""
+    """The engine (with its KV manager, executor, transfer engine and charged planner) for one
+    run."""
     profile = setup.profile
     clock = VirtualClock()
-    executor = SimulatedExecutor(clock, profile)
-    auto_profile = None
-    if setup.b_xfer == "auto":
-        rate = setup.b_xfer_rate_bytes_s
-        auto_profile = (
-            profile
-            if rate is None
-            else dataclasses.replace(profile, link_h2d_bytes_s=rate, link_d2h_bytes_s=rate)
-        )
-        b_xfer = auto_b_xfer_blocks(
-            auto_profile, iteration_time_s(profile, 0, 1, 0), setup.block_bytes
-        )
-    else:
-        b_xfer = int(setup.b_xfer)
+    auto_profile, b_xfer = _b_xfer(setup)
     transfer = None
     kv: KVCacheManager
     if policy in ROTATING_POLICIES and setup.num_dram_blocks > 0:
@@ -107,15 +133,32 @@ def build_parts(policy: str, knobs: Knobs, setup: SimSetup) -> SimParts:
         )
     else:
         kv = KVCacheManager(setup.num_hbm_blocks, profile.block_size_tokens)
+    executor = SimulatedExecutor(clock, profile, copies=transfer)
     plan_knobs = dataclasses.replace(knobs, policy=policy, b_xfer=None if auto_profile else b_xfer)
+    planner = ChargedPlanner(lambda snapshot: make_plan(snapshot, plan_knobs), clock, profile)
     engine = Engine(
         executor=executor,
         kv=kv,
-        planner=lambda snapshot: make_plan(snapshot, plan_knobs),
+        planner=planner,
         max_num_batched_tokens=setup.max_num_batched_tokens,
         max_num_seqs=setup.max_num_seqs,
         max_model_len=setup.num_hbm_blocks * profile.block_size_tokens + 1,
         clock=clock,
         columnar=policy == "lvf",  # the columnar LVF: the same plans, numpy over the queue
     )
-    return SimParts(clock, engine, executor, transfer, auto_profile)
+    return SimParts(clock, engine, executor, transfer, auto_profile, planner)
+
+
+def _b_xfer(setup: SimSetup) -> tuple[CostProfile | None, int]:
+    """(the profile "auto" rates the link with, or None for a fixed budget; the first
+    budget): "auto" starts from one decode step's time."""
+    if setup.b_xfer != "auto":
+        return None, int(setup.b_xfer)
+    profile, rate = setup.profile, setup.b_xfer_rate_bytes_s
+    auto_profile = (
+        profile
+        if rate is None
+        else dataclasses.replace(profile, link_h2d_bytes_s=rate, link_d2h_bytes_s=rate)
+    )
+    first = auto_b_xfer_blocks(auto_profile, iteration_time_s(profile, 0, 1, 0), setup.block_bytes)
+    return auto_profile, first

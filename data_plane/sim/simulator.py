@@ -4,9 +4,10 @@ Nothing is faked above the executor and the transfer engine: :class:`Engine` pla
 ``shared.policy.make_plan``, the :class:`TieredKVCacheManager` does DuplexKV's bookkeeping
 (eager sync, rotate out/in, the ``b_xfer_blocks`` budget), and only the model
 (:class:`SimulatedExecutor`) and the copies (:class:`SimulatedTransferEngine`) are replaced by
-the cost model. Requests enter at their arrival times; when the engine has nothing to do the
-clock jumps to the next arrival. Every output token is stamped with the virtual time at the
-end of the iteration that produced it; ``shared.metrics`` turns those timelines into a row.
+the cost model. Every step first pays the policy's planning time on the virtual clock
+(``setup.ChargedPlanner``). Requests enter at their arrival times; when the engine has nothing
+to do the clock jumps to the next arrival. Every output token is stamped with the virtual time
+at the end of the iteration that produced it; ``shared.metrics`` turns those timelines into a row.
 A run may stop at a virtual-time horizon (an overloaded or thrashing run can take very long to
 drain): requests not finished by then are aborted (their blocks come back) and count as
 unfinished (TPOT and goodput misses).
@@ -50,7 +51,9 @@ class SimResult:
     num_iterations: int = 0
     num_stalls: int = 0
     virtual_s: float = 0.0
-    busy_s: float = 0.0  # virtual seconds spent computing
+    busy_s: float = 0.0  # virtual seconds spent computing (copy interference included)
+    interference_s: float = 0.0  # of busy_s: the slowdown from KV copies under the compute
+    plan_s: float = 0.0  # virtual seconds charged for planning (every step)
     wall_s: float = 0.0
     max_blocks_per_iteration: int = 0
     leaked_hbm_blocks: int = 0
@@ -159,7 +162,7 @@ def _run(
             if nxt < n:
                 clock.now = trace[nxt].arrival_s
             continue
-        t_before, iters_before = clock.now, executor.num_iterations
+        iters_before = executor.num_iterations
         outputs = engine.step()
         now = clock.now
         for out in outputs:
@@ -168,7 +171,7 @@ def _run(
         if executor.num_iterations != iters_before:
             stalled_s = 0.0
             _update_b_xfer(parts, result)
-        elif now == t_before:
+        elif now == parts.planner.t_planned_s:  # planned, then neither computed nor waited
             stalled_s = _stall(parts, trace, nxt, stalled_s, result)
         if on_progress is not None and engine.stats.num_iterations % 256 == 0:
             on_progress(num_done, n)
@@ -226,6 +229,8 @@ def _finish(parts: SimParts, result: SimResult) -> None:
     result.num_iterations = parts.executor.num_iterations
     result.virtual_s = parts.clock.now
     result.busy_s = parts.executor.busy_s
+    result.interference_s = parts.executor.interference_s
+    result.plan_s = parts.planner.plan_s
     exposed = parts.transfer.exposed_transfer_s if parts.transfer else 0.0
     if isinstance(kv, TieredKVCacheManager):
         result.max_blocks_per_iteration = kv.tiered_stats.max_blocks_per_iteration

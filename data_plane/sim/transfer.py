@@ -17,6 +17,9 @@ Link models (seconds from the start of a submit until each direction's copies ar
 A submit starts when the previous one on the link has finished (batches queue on the link).
 :meth:`SimulatedHandle.wait` is called only when the engine has nothing to compute; it moves the
 virtual clock to the completion time, and that time is counted as exposed transfer time.
+Copies running under an iteration's compute slow the compute down (the simulated executor asks
+:meth:`SimulatedTransferEngine.busy_s_between` and charges ``costmodel.copy_interference_s``);
+the copies themselves keep the link model's timing.
 """
 
 from __future__ import annotations
@@ -157,3 +160,9 @@ class SimulatedTransferEngine(TransferEngine):
             SimulatedHandle(self, start + h2d_s) if h2d else None,
             SimulatedHandle(self, start + d2h_s) if d2h else None,
         )
+
+    def busy_s_between(self, t0_s: float, t1_s: float) -> float:
+        """Seconds within [``t0_s``, ``t1_s``] the link is copying, for ``t0_s`` not before
+        the last submit: batches queue back to back from their submits, so from then on the
+        link is busy without a gap until ``link_free_s``."""
+        return max(0.0, min(self.link_free_s, t1_s) - t0_s)

@@ -11,6 +11,7 @@ from shared.policy.columns import (
 from shared.policy.registry import POLICY_NAMES, make_plan
 from shared.policy.routing import kv_usage, predicted_lag_s
 from shared.policy.types import (
+    PAPER_LVF,
     Knobs,
     Plan,
     RequestState,
@@ -21,6 +22,7 @@ from shared.policy.types import (
 from shared.policy.vlt import vlt
 
 __all__ = [
+    "PAPER_LVF",
     "POLICY_NAMES",
     "ColumnarSnapshot",
     "Knobs",

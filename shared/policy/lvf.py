@@ -1,291 +1,258 @@
-"""Largest-VLT-First (SUPERINFER.md §4), once per engine iteration, as a pure function.
+"""Largest-VLT-First (SUPERINFER.md §4, Algorithm 1), once per engine iteration: one pure
+function over the snapshot's requests as numpy columns (the only LVF implementation: the
+worker, the control plane and the simulator all plan with it).
 
-L = running + waiting + rotary ranked by VLT, descending (ties: arrival time, then arrival
-order). Waiting and rotary requests have VLT >= 0 and running ones VLT <= 0, so the head scan
-(step 3) only ever takes waiting/rotary requests and the tail scan (step 4) only running ones:
-each scan ranks only its own part of L, which keeps the planner cheap at thousands of requests.
+Algorithm 1, as the code runs it (``knobs`` at their §4 values, see :class:`Knobs`):
 
-This version walks :class:`RequestView` objects (the worker's in-process snapshot; fastest for
-the small snapshots of most iterations). ``shared/policy/lvf_columnar.py`` makes the same plans
-over numpy columns (the control plane's snapshots, and the simulator's engine, whose queues
-reach thousands); a change to one must be made to the other (tests/shared/
-test_policy_columnar.py compares them on random snapshots).
+1. Contention check: B_HBM = free HBM blocks less the running requests' next-step growth; if
+   B_HBM >= sum of blk(r) over waiting and rotary requests, fall back to FCFS.
+2. L = running + waiting + rotary by VLT, descending (ties: arrival time, arrival order).
+   B_left = B_HBM + B_xfer.
+3. Head scan: take each request with VLT >= 0 whose blk(r) <= B_left, B_left -= blk(r).
+4. Tail scan: B_swap = B_xfer - B_left; from the tail while VLT < 0 and B_swap > 0, rotate out,
+   B_swap -= the blocks the victim frees (what it holds plus the growth it no longer needs).
+5. The chosen requests join with the blocks the victims free in this same iteration (DuplexKV
+   drops a victim's synced HBM blocks at once); a chosen waiting request starts only if its
+   whole blk(r) fits the room left, a chosen rotary one resumes if its blocks do.
+
+Seats (``max_num_seqs``) are a budget like blocks: the head scan may choose beyond the free
+seats when the tail can free them, and the tail then rotates out at least one victim per
+seat it owes. Mechanism rules that §4 leaves open (both documented in docs/scheduling.md):
+a victim DRAM has no room for stays running (recompute only covers a real HBM shortage, the
+newest first, as vLLM V1), and a step that preempted by recompute admits nobody (vLLM's rule).
+
+Extensions, each a knob (``Knobs``; defaults chosen from measurements, docs/benchmarks.md):
+``rotate_only_for_lag`` (head requests with VLT == 0 join only within free HBM: rotation
+repays lag, it never makes room for a request that is not behind its SLO),
+``min_residency_s`` (the tail passes over requests resident for less than this),
+``protect_unserved`` (the tail passes over requests that produced no token since they became
+resident), ``hold_room_for_rotary`` (a chosen rotary request waiting for room blocks those
+ranked below it). Under an HBM shortage for the running requests' own growth the tail guards
+are lifted: the growth must be paid.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from shared.policy.common import arrival_key, pack_schedule
-from shared.policy.types import Knobs, Plan, RequestState, RequestView, Snapshot
-from shared.policy.vlt import vlt_scores
+import numpy as np
 
-_RUNNING = RequestState.RUNNING
-_ROTARY = RequestState.ROTARY
-_WAITING = RequestState.WAITING
+from shared.policy.columns import (
+    RUNNING_CODE,
+    ColumnarSnapshot,
+    Ints,
+    RequestColumns,
+    columnar_from_snapshot,
+    pick_ids,
+)
+from shared.policy.common import make_chunks
+from shared.policy.joining import (
+    EMPTY,
+    Transitions,
+    join_and_pack,
+    recompute_newest,
+    running_growth,
+    split_by_dram_room,
+)
+from shared.policy.packing import greedy_take
+from shared.policy.types import Knobs, Plan, Snapshot
+from shared.policy.vlt import vlt_array
+
+_SEGMENT = 256  # the scans rank this many of the most extreme VLTs first
 
 
-def lvf(snapshot: Snapshot, knobs: Knobs) -> Plan:
-    """Choose from the head of L within B_HBM + B_xfer and ``max_num_seqs``; rotate out from
-    the tail while VLT < 0 and B_swap > 0; then pack the batch.
+def lvf(snapshot: Snapshot | ColumnarSnapshot, knobs: Knobs) -> Plan:
+    """The LVF plan for ``snapshot`` (views are turned into columns first)."""
+    if isinstance(snapshot, Snapshot):
+        snapshot = columnar_from_snapshot(snapshot)
+    moves = lvf_transitions(snapshot, knobs)
+    ids = snapshot.requests.request_ids
+    return Plan(
+        schedule=make_chunks(pick_ids(ids, moves.batch), moves.tokens),
+        admit_ids=pick_ids(ids, moves.admit),
+        resume_ids=pick_ids(ids, moves.resume),
+        rotate_out_ids=pick_ids(ids, moves.rotate_out),
+        preempt_ids=pick_ids(ids, moves.preempt),
+        fcfs_fallback=moves.fcfs_fallback,
+    )
 
-    B_HBM is the free HBM left after the running requests' next-chunk growth. Without room in
-    DRAM a rotate-out victim is preempted by recompute instead. A chosen request acts only
-    when it can this iteration (see :func:`_join_and_pack`); otherwise it keeps its state and
-    its VLT and is chosen again next iteration, once the rotated-out blocks are free.
-    """
-    running, candidates, scores, growth, tokens = _classify(snapshot, knobs)
-    b_hbm = snapshot.num_free_hbm_blocks - growth
-    if _no_contention(candidates, tokens, b_hbm, snapshot.block_size):
-        return _fcfs(snapshot, running, candidates, b_hbm)
-    plan = Plan()
+
+def lvf_transitions(
+    snapshot: ColumnarSnapshot, knobs: Knobs, with_batch: bool = True
+) -> Transitions:
+    """:func:`lvf`'s plan as row indices (the control plane turns them into handles).
+    ``with_batch`` False packs the batch only when it decides who is admitted."""
+    columns = snapshot.requests
+    bs = snapshot.block_size
+    is_running = columns.states == RUNNING_CODE
+    running, candidates = np.flatnonzero(is_running), np.flatnonzero(~is_running)
+    growth = running_growth(snapshot, running)
+    blk = -(-columns.num_tokens // bs)  # blk(r) of every waiting or rotary request
+    b_hbm = snapshot.num_free_hbm_blocks - int(growth.sum())
+    seats_free = snapshot.max_num_seqs - len(running)
+    if b_hbm >= int(blk[candidates].sum()):  # step 1: no contention, FCFS
+        arrival = np.lexsort((columns.arrival_seq[candidates], columns.t_arr_s[candidates]))
+        chosen = candidates[arrival[: max(0, seats_free)]]
+        return join_and_pack(
+            snapshot, running, growth, chosen, (EMPTY, EMPTY), True, knobs, with_batch
+        )
+    scores = vlt_array(columns, snapshot.t_now_s, knobs)
+    victims = _eligible_victims(columns, running, scores, knobs)
     b_xfer = snapshot.b_xfer_blocks
-    seats = snapshot.max_num_seqs - len(running)
-    chosen, b_left = _head_scan(candidates, scores, b_hbm + b_xfer, seats, snapshot.block_size)
+    chosen, b_left = _head_scan(
+        columns, candidates, scores, blk, (b_hbm, b_xfer), seats_free, len(victims), knobs
+    )
     b_swap = b_xfer - b_left
-    if b_swap > 0:
-        _rotate_out_tail(running, snapshot, knobs, b_swap, -b_hbm, plan)
-    _join_and_pack(snapshot, running, chosen, plan, b_hbm)
-    return plan
-
-
-def _classify(
-    snapshot: Snapshot, knobs: Knobs
-) -> tuple[list[RequestView], list[RequestView], list[float], int, int]:
-    """One pass over the snapshot: (running, waiting + rotary, their VLTs, the running
-    requests' growth in blocks, the waiting and rotary requests' tokens).
-
-    The VLTs are :func:`~shared.policy.vlt.vlt`'s formula inlined (bit for bit; a property
-    test holds them together): this loop is the planner's hot path.
-    """
-    bs, max_tokens, t_now = snapshot.block_size, snapshot.max_num_batched_tokens, snapshot.t_now_s
-    alpha, beta_b, beta_f = knobs.alpha, knobs.beta_b, knobs.beta_f
-    tol_b, tol_f = beta_b * knobs.slo_tbt_s, beta_f * knobs.slo_ttft_s
-    running: list[RequestView] = []
-    candidates: list[RequestView] = []
-    scores: list[float] = []
-    add_running, add_candidate, add_score = running.append, candidates.append, scores.append
-    is_running, is_waiting = _RUNNING, _WAITING  # locals: this loop runs per request
-    growth = tokens = 0
-    for view in snapshot.requests:
-        state = view.state
-        if state is is_running:
-            add_running(view)
-            computed = view.num_computed_tokens
-            num_new = view.num_tokens - computed
-            if num_new > max_tokens:
-                num_new = max_tokens
-            need = -(-(computed + num_new) // bs) - view.num_blocks_hbm
-            if need > 0:
-                growth += need
-            continue
-        add_candidate(view)
-        tokens += view.num_tokens
-        if state is is_waiting:
-            slo = view.slo_ttft_s
-            lag = t_now - view.t_arr_s - (tol_f if slo is None else beta_f * slo)
-            add_score(lag if lag > 0.0 else 0.0)
-        else:
-            slo, t_last = view.slo_tbt_s, view.t_last_s
-            lag = (
-                t_now
-                - (view.t_arr_s if t_last is None else t_last)
-                - (tol_b if slo is None else beta_b * slo)
-            )
-            add_score(alpha * (lag if lag > 0.0 else 0.0))
-    return running, candidates, scores, growth, tokens
-
-
-def _no_contention(candidates: list[RequestView], tokens: int, b_hbm: int, bs: int) -> bool:
-    """Step 1: B_HBM >= sum of blk(r) over waiting + rotary, from their token sum when that
-    decides it (sum(blk) lies in [tokens / bs, (tokens + n * (bs - 1)) / bs])."""
-    if b_hbm * bs < tokens:
-        return False
-    if b_hbm * bs >= tokens + len(candidates) * (bs - 1):
-        return True
-    return b_hbm >= sum(-(-v.num_tokens // bs) for v in candidates)
-
-
-def _rank(views: list[RequestView], scores: list[float], head: bool) -> Iterator[int]:
-    """Indices of ``views`` in L's order (``head``: VLT descending, equal VLTs first come
-    first) or in reversed L's order (VLT ascending, equal VLTs last come first).
-
-    Lazy: a scan usually stops after a few requests, so runs of equal VLT (waiting requests
-    clamped to 0, requests that decoded or were admitted in the same batch) are put in arrival
-    order only when the scan reaches them.
-    """
-    order = sorted(range(len(views)), key=scores.__getitem__, reverse=head)
-    n, start = len(order), 0
-    while start < n:
-        score = scores[order[start]]
-        end = start + 1
-        while end < n and scores[order[end]] == score:
-            end += 1
-        if end - start == 1:
-            yield order[start]
-        else:
-            run = order[start:end]
-            run.sort(key=lambda i: arrival_key(views[i]), reverse=not head)
-            yield from run
-        start = end
+    seats_owed = len(chosen) - seats_free
+    leaving = (EMPTY, EMPTY)
+    if b_swap > 0 or seats_owed > 0:
+        leaving = _tail_scan(snapshot, running, growth, scores, victims, b_swap, seats_owed, -b_hbm)
+    return join_and_pack(snapshot, running, growth, chosen, leaving, False, knobs, with_batch)
 
 
 def _head_scan(
-    candidates: list[RequestView], scores: list[float], b_left: int, seats: int, block_size: int
-) -> tuple[list[RequestView], int]:
-    """Step 3: from the head of L take every request (waiting/rotary: VLT >= 0) whose blk(r)
-    fits in B_left, while a seat is free; one that does not fit is skipped and the scan goes
-    on. A rotary request that still holds HBM blocks (its rotate-out copy is in flight) cannot
-    come back yet and is skipped too. Returns (chosen, B_left)."""
-    chosen: list[RequestView] = []
-    if seats <= 0 or b_left <= 0:
-        return chosen, b_left
-    for i in _rank(candidates, scores, head=True):
-        view = candidates[i]
-        blk = -(-view.num_tokens // block_size)
-        if blk <= b_left and not view.num_blocks_hbm:  # else: a rotate-out still in flight
-            chosen.append(view)
-            b_left -= blk
-            seats -= 1
-            if seats <= 0 or b_left <= 0:
-                break  # nobody else can join (every waiting/rotary request needs >= 1 block)
+    columns: RequestColumns,
+    candidates: Ints,
+    scores: np.ndarray,
+    blk: Ints,
+    budgets: tuple[int, int],
+    seats_free: int,
+    num_victims: int,
+    knobs: Knobs,
+) -> tuple[Ints, int]:
+    """Step 3: the waiting/rotary requests taken from the head of L (in L's order) and
+    B_left. ``budgets`` is (B_HBM, B_xfer). A rotary request whose rotate-out copy is still
+    in flight (it holds HBM blocks) cannot come back yet and is passed over. With
+    ``rotate_only_for_lag`` the requests with VLT == 0 are scanned after the lagging ones,
+    within the HBM left without rotation (B_left - B_xfer) and the free seats."""
+    b_hbm, b_xfer = budgets
+    movable = candidates[columns.num_blocks_hbm[candidates] == 0]
+    if knobs.rotate_only_for_lag:
+        lagging = scores[movable] > 0
+        first, second = movable[lagging], movable[~lagging]
+    else:
+        first, second = movable, EMPTY
+    seat_credit = num_victims if b_xfer > 0 else 0  # a seat freed costs a rotation
+    chosen, b_left = _take_in_l_order(
+        columns, first, scores, blk, b_hbm + b_xfer, seats_free + seat_credit
+    )
+    seats, room = seats_free - len(chosen), b_left - b_xfer
+    if len(second) and seats > 0 and room > 0:
+        fresh, room_left = _take_in_l_order(columns, second, scores, blk, room, seats)
+        chosen, b_left = np.concatenate((chosen, fresh)), b_left - (room - room_left)
     return chosen, b_left
 
 
-def _rotate_out_tail(
-    running: list[RequestView],
-    snapshot: Snapshot,
-    knobs: Knobs,
+def _take_in_l_order(
+    columns: RequestColumns, indices: Ints, scores: np.ndarray, blk: Ints, b_left: int, seats: int
+) -> tuple[Ints, int]:
+    """Scan ``indices`` in L's order; take each whose blk(r) fits in B_left while seats last
+    (one that does not fit is skipped; the scan ends when B_left is used up)."""
+    if seats <= 0 or b_left <= 0 or not len(indices):
+        return EMPTY, b_left
+    chosen: list[Ints] = []
+    for segment in _segments_of_l(columns, indices, scores, True, _SEGMENT):
+        taken, b_left = greedy_take(blk[segment], b_left, seats, stop_at_zero=True)
+        chosen.append(segment[taken])
+        seats -= len(taken)
+        if seats <= 0 or b_left <= 0:
+            break
+    return np.concatenate(chosen) if len(chosen) > 1 else chosen[0], b_left
+
+
+def _segments_of_l(
+    columns: RequestColumns, indices: Ints, scores: np.ndarray, head: bool, size: int
+) -> Iterator[Ints]:
+    """``indices`` in L's order (``head``: VLT descending, then arrival time, arrival order,
+    snapshot order) or in the tail scan's (VLT ascending, later arrival first, snapshot
+    order), as consecutive segments: the (at most) ``size`` most extreme VLTs first, then,
+    only if the scan gets that far, the rest. Equal VLTs never straddle the cut (it lies
+    strictly between VLT values), so the segments joined are the full order."""
+    if len(indices) > 2 * size:
+        scan_keys = -scores[indices] if head else scores[indices]  # ascending = scan order
+        cut = np.partition(scan_keys, size)[size]
+        first = scan_keys < cut
+        yield _in_scan_order(columns, indices[first], scores, head)
+        indices = indices[~first]
+    yield _in_scan_order(columns, indices, scores, head)
+
+
+def _in_scan_order(columns: RequestColumns, indices: Ints, scores: np.ndarray, head: bool) -> Ints:
+    seq, t_arr, score = columns.arrival_seq[indices], columns.t_arr_s[indices], scores[indices]
+    keys = (seq, t_arr, -score) if head else (-seq, -t_arr, score)
+    return indices[np.lexsort(keys)]  # stable: snapshot order breaks the remaining ties
+
+
+def _eligible_victims(
+    columns: RequestColumns, running: Ints, scores: np.ndarray, knobs: Knobs
+) -> Ints:
+    """Running requests the tail scan may rotate out when HBM is not short: VLT < 0, holding
+    HBM blocks, resident, and past the guards the knobs switch on."""
+    ok = (scores[running] < 0) & (columns.num_blocks_hbm[running] > 0) & columns.resident[running]
+    if knobs.min_residency_s > 0:
+        ok &= scores[running] < -knobs.min_residency_s
+    if knobs.protect_unserved:
+        t_last, t_run = columns.t_last_s[running], columns.t_run_s[running]
+        ok &= ~np.isnan(t_last) & (np.isnan(t_run) | (t_last >= t_run))
+    return running[ok]
+
+
+def _tail_scan(
+    snapshot: ColumnarSnapshot,
+    running: Ints,
+    growth: Ints,
+    scores: np.ndarray,
+    victims: Ints,
     b_swap: int,
+    seats_owed: int,
     shortage: int,
-    plan: Plan,
-) -> None:
-    """Step 4: from the tail of L (longest running first) while VLT < 0 and B_swap > 0,
-    rotate out. A victim DRAM has no room for (its unsynced blocks) stays running:
-    proactive rotation never turns into recompute (under sustained overload with DRAM full,
-    throwing away a long prompt's KV to admit another one spends the GPU on prefills that
-    are thrown away in turn). If such a victim was needed because HBM is short for the
-    running requests' own growth, the shortage the rotations leave is covered as vLLM
-    covers it: recompute preemption of the newest running requests (the least work lost),
-    see :func:`_recompute_newest`.
+) -> tuple[Ints, Ints]:
+    """Step 4: from the tail of L (VLT ascending, later arrival first) while B_swap > 0 or a
+    seat is owed, rotate out; each victim pays what it holds plus its growth. While HBM is
+    short for the running requests' own growth (``shortage`` > 0) any running request with
+    VLT < 0 that holds resident blocks may go, guards or not. Returns (rotated out,
+    preempted by recompute: forced victims DRAM has no room for, covered newest first)."""
+    columns = snapshot.requests
+    credit = np.zeros(len(columns), np.int64)
+    credit[running] = columns.num_blocks_hbm[running] + growth
+    num_forced, forced = 0, EMPTY
+    if shortage > 0:
+        movable = (scores[running] < 0) & (columns.num_blocks_hbm[running] > 0)
+        pool = running[movable & columns.resident[running]]
+        forced = _prefix_paying(columns, pool, scores, credit, min(shortage, b_swap), 0)
+        num_forced = len(forced)
+        paid = int(credit[forced].sum())
+        b_swap, seats_owed = b_swap - paid, seats_owed - num_forced
+        victims = victims[~np.isin(victims, forced)]
+    taken = _prefix_paying(columns, victims, scores, credit, b_swap, seats_owed)
+    rotated, no_room = split_by_dram_room(snapshot, np.concatenate((forced, taken)), num_forced)
+    if not len(no_room):
+        return rotated, EMPTY
+    uncovered = shortage - int(credit[rotated].sum())
+    return rotated, recompute_newest(columns, running, rotated, uncovered)
 
-    Passed over: requests that hold no HBM block (nothing to free), whose KV is still arriving
-    (H2D in flight), and, unless HBM is short for the running requests' own growth
-    (``shortage`` = -B_HBM blocks not yet freed), requests that have not generated a token
-    since they (re)entered running. Without that guard a resumed request whose H2D copy takes
-    an iteration or two is the longest "running" one by the time it could run, is rotated out
-    unserved, lags again, is resumed again: a livelock in which nothing is ever scheduled.
-    """
-    scores = vlt_scores(running, snapshot.t_now_s, knobs)
-    free_dram = snapshot.num_free_dram_blocks
-    uncovered, no_room = shortage, False
-    for i in _rank(running, scores, head=False):
-        if scores[i] >= 0:
+
+def _prefix_paying(
+    columns: RequestColumns,
+    pool: Ints,
+    scores: np.ndarray,
+    credit: Ints,
+    blocks: int,
+    seats: int,
+) -> Ints:
+    """The shortest prefix of ``pool`` in tail order that pays ``blocks`` (each victim taken
+    while blocks are still owed) and at least ``seats`` victims."""
+    if (blocks <= 0 and seats <= 0) or not len(pool):
+        return EMPTY
+    expected = 2 * max(0, blocks) * len(pool) // max(1, int(credit[pool].sum())) + seats
+    taken: list[Ints] = []
+    for segment in _segments_of_l(columns, pool, scores, False, max(_SEGMENT, expected)):
+        paid = credit[segment]
+        before = np.cumsum(paid) - paid
+        count = max(int(np.searchsorted(before, blocks, side="left")), seats)
+        count = min(count, len(segment))
+        taken.append(segment[:count])
+        blocks, seats = blocks - int(paid[:count].sum()), seats - count
+        if blocks <= 0 and seats <= 0:
             break
-        view = running[i]
-        held = view.num_blocks_hbm
-        settled = _served(view) and scores[i] < -knobs.min_residency_s
-        if held <= 0 or not view.resident or (shortage <= 0 and not settled):
-            continue
-        dram_needed = held - view.num_blocks_dram
-        if dram_needed <= free_dram:
-            plan.rotate_out_ids.append(view.request_id)
-            free_dram -= max(0, dram_needed)
-            uncovered -= held
-        elif shortage > 0:
-            no_room = True
-        b_swap -= held
-        shortage -= held
-        if b_swap <= 0:
-            break
-    if no_room:
-        _recompute_newest(running, plan, uncovered)
-
-
-def _recompute_newest(running: list[RequestView], plan: Plan, shortage: int) -> None:
-    """Preempt by recompute from the end of the running list (the newest, as vLLM V1's
-    ``running.pop()``) until ``shortage`` blocks are freed; passed over: requests rotating
-    out, holding no HBM block, or whose KV is still arriving."""
-    leaving = set(plan.rotate_out_ids)
-    for view in reversed(running):
-        if shortage <= 0:
-            return
-        if view.request_id in leaving or not view.num_blocks_hbm or not view.resident:
-            continue
-        plan.preempt_ids.append(view.request_id)
-        shortage -= view.num_blocks_hbm
-
-
-def _served(view: RequestView) -> bool:
-    """Has ``view`` generated a token since it (re)entered running?"""
-    t_last, t_run = view.t_last_s, view.t_run_s
-    return t_last is not None and (t_run is None or t_last >= t_run)
-
-
-def _join_and_pack(
-    snapshot: Snapshot, running: list[RequestView], chosen: list[RequestView], plan: Plan, room: int
-) -> None:
-    """Act on the chosen requests, in rank order, then pack the batch.
-
-    ``room`` is B_HBM: the free HBM after the running requests' growth. A chosen rotary
-    request is resumed now if its blocks fit in what is left of it (the H2D copy needs free
-    HBM; rotated-out blocks only come free after their D2H copy) and its own rotate-out copy
-    is done (it holds no HBM block any more); otherwise it stays rotary and is chosen again
-    next iteration. One that waits for room holds it: no request ranked below it acts this
-    iteration (else smaller waiting requests take the room first, iteration after
-    iteration, and a long rotary request parked in a full DRAM never comes back). A chosen
-    waiting request starts only if its whole KV, blk(r), fits what is left of the room, as
-    §4 counts it (a prefill started in the last free blocks is preempted by the running
-    requests' growth a step later, and restarts, in a loop: at 50 req/s on ShareGPT that was
-    most of LVF's 24,000 preemptions); one that does not fit keeps waiting and the scan goes
-    on.
-
-    Recompute victims (HBM short for the running requests' growth, DRAM full) free their
-    blocks for that growth: as in vLLM, nobody joins in a step that preempted by recompute
-    (else a newcomer takes the blocks and the next step preempts again, a long request's KV
-    thrown away each time).
-
-    The batch (the remaining running requests, then the chosen waiting ones) may use the free
-    HBM plus the preempted requests' blocks (freed at once) less the resumes'. A chosen
-    waiting request is admitted only if it gets a chunk in it (running means "KV in HBM,
-    scheduled"); otherwise it keeps waiting, and its VLT, for the next iteration.
-    """
-    bs = snapshot.block_size
-    free = snapshot.num_free_hbm_blocks
-    leaving = set(plan.rotate_out_ids)
-    if plan.preempt_ids:
-        preempted = set(plan.preempt_ids)
-        leaving |= preempted
-        freed = sum(v.num_blocks_hbm for v in running if v.request_id in preempted)
-        free, room = free + freed, room + freed
-        chosen = []  # as in vLLM, a step that preempted by recompute lets nobody in
-    joining: list[RequestView] = []
-    for view in chosen:
-        blk = -(-view.num_tokens // bs)
-        if view.state is _ROTARY:
-            if view.num_blocks_hbm:  # its rotate-out is still in flight: next time
-                continue
-            if blk > room:  # it waits for room; nobody ranked below takes that room
-                break
-            plan.resume_ids.append(view.request_id)
-            free, room = free - blk, room - blk
-        elif blk <= room:  # its whole KV fits the room left: it may start
-            joining.append(view)
-            room -= blk
-    keep = [v for v in running if v.request_id not in leaving] if leaving else running
-    plan.schedule = pack_schedule(keep + joining, snapshot, max(0, free))
-    if joining:
-        scheduled = {chunk.request_id for chunk in plan.schedule}
-        plan.admit_ids = [v.request_id for v in joining if v.request_id in scheduled]
-
-
-def _fcfs(
-    snapshot: Snapshot, running: list[RequestView], candidates: list[RequestView], b_hbm: int
-) -> Plan:
-    """Enough HBM for every waiting and rotary request: no rotation, FCFS (arrival order)
-    resumption and admission up to ``max_num_seqs``."""
-    plan = Plan(fcfs_fallback=True)
-    seats = max(0, snapshot.max_num_seqs - len(running))
-    chosen = sorted(candidates, key=arrival_key)[:seats]
-    _join_and_pack(snapshot, running, chosen, plan, b_hbm)
-    return plan
+    return np.concatenate(taken) if len(taken) > 1 else taken[0]

@@ -1,9 +1,9 @@
-"""Column-wise building blocks of the columnar LVF (shared/policy/lvf_columnar.py): the
-sequential "take it if it still fits" scan and batch packing, on numpy arrays.
+"""Column-wise building blocks of LVF (shared/policy/lvf.py): the sequential "take it if it
+still fits" scan and batch packing, on numpy arrays.
 
-Both produce exactly what their one-request-at-a-time counterparts produce
-(``shared.policy.lvf._head_scan`` and ``shared.policy.common.pack_schedule``); numpy does the
-bulk of the work, Python only the few requests where a decision depends on the ones before.
+Both produce exactly what their one-request-at-a-time counterparts produce (a Python loop
+over the items, and ``shared.policy.common.pack_schedule``); numpy does the bulk of the work,
+Python only the few requests where a decision depends on the ones before.
 """
 
 from __future__ import annotations

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from shared.policy.columns import ColumnarSnapshot, snapshot_from_columnar
 from shared.policy.lvf import lvf
-from shared.policy.lvf_columnar import lvf_columnar
 from shared.policy.types import Knobs, Plan, RequestView, Snapshot
 from shared.policy.vllm import priority_key, vllm
 
@@ -13,11 +12,12 @@ POLICY_NAMES = ("vllm", "vllm-priority", "swap", "edf", "lvf")
 
 def make_plan(snapshot: Snapshot | ColumnarSnapshot, knobs: Knobs) -> Plan:
     """The plan for one iteration under ``knobs.policy``. A :class:`ColumnarSnapshot` is
-    planned column-wise by LVF; the other policies walk views, built for them from it."""
+    planned column-wise by LVF (views are turned into columns for it); the other policies walk
+    views, built for them from it."""
     name = knobs.policy
+    if name == "lvf":
+        return lvf(snapshot, knobs)
     if isinstance(snapshot, ColumnarSnapshot):
-        if name == "lvf":
-            return lvf_columnar(snapshot, knobs)
         snapshot = snapshot_from_columnar(snapshot)
     if name == "vllm":
         return vllm(snapshot)
@@ -32,6 +32,4 @@ def make_plan(snapshot: Snapshot | ColumnarSnapshot, knobs: Knobs) -> Plan:
             return (view.t_arr_s + slo_ttft_s, view.t_arr_s, view.arrival_seq)
 
         return vllm(snapshot, order_key=deadline_key, swap=True)
-    if name == "lvf":
-        return lvf(snapshot, knobs)
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class RequestState(enum.StrEnum):
@@ -85,10 +85,21 @@ class Knobs:
     slo_ttft_s: float = 5.0
     slo_tbt_s: float = 0.1
     b_xfer: int | None = 2400  # None means "auto": link bandwidth x predicted iteration time
-    # An extension, off by default (0 = SUPERINFER.md §4 exactly): LVF's tail scan passes over
-    # running requests that (re)entered running less than this long ago, unless HBM is short
-    # for the running requests' own growth. Damps rotate-out / resume churn (docs/benchmarks.md).
-    min_residency_s: float = 0.0
+    # LVF's extensions of SUPERINFER.md §4 (docs/scheduling.md). §4 exactly is
+    # min_residency_s=0, rotate_only_for_lag=False, protect_unserved=False,
+    # hold_room_for_rotary=False. The defaults were chosen from the simulator over every kit
+    # trace (docs/benchmarks.md). Under an HBM shortage for the running requests' own growth
+    # the tail-scan guards are lifted.
+    # The tail scan passes over requests resident for less than this (s): a rotation must
+    # pay for its copies and its victim's TBT gap (0.25 s: docs/benchmarks.md).
+    min_residency_s: float = 0.25
+    # Head requests with VLT == 0 (not behind their SLO) join only within free HBM: rotation
+    # repays lag, it never makes room for a request that is on time.
+    rotate_only_for_lag: bool = True
+    # The tail scan passes over requests that produced no token since they became resident.
+    protect_unserved: bool = True
+    # A chosen rotary request waiting for room stops those ranked below it from joining.
+    hold_room_for_rotary: bool = True
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s", "min_residency_s"):
@@ -102,6 +113,14 @@ class Knobs:
             raise ValueError(f"min_residency_s must be >= 0, got {self.min_residency_s}")
         if self.b_xfer is not None and self.b_xfer < 0:
             raise ValueError(f"b_xfer must be >= 0 or auto, got {self.b_xfer}")
+
+
+PAPER_LVF: dict[str, Any] = {
+    "min_residency_s": 0.0,
+    "rotate_only_for_lag": False,
+    "protect_unserved": False,
+    "hold_room_for_rotary": False,
+}  # the knob values that make LVF SUPERINFER.md §4 exactly (Knobs(**PAPER_LVF))
 
 
 class ScheduledChunk(NamedTuple):

@@ -10,10 +10,13 @@ from shared.costmodel import (
     CostProfile,
     auto_b_xfer_blocks,
     builtin_profile_names,
+    copy_interference_s,
     exposed_transfer_s,
     iteration_time_s,
     kv_block_bytes,
     load_profile,
+    plan_time_s,
+    prefill_attention_pairs,
     profile_from_dict,
     profile_to_dict,
     save_profile,
@@ -48,6 +51,12 @@ def test_iteration_time_hand_computed() -> None:
     assert iteration_time_s(p, 0, 0, 0) == 0.0
     with pytest.raises(ValueError, match="num_context_tokens"):
         iteration_time_s(p, 0, 1, -1)
+    # a fitted per-token rate replaces flops / peak; attention pairs at their own rate
+    fitted = _toy(prefill_s_per_token=2e-5, attention_s_per_pair=1e-9)
+    # 1 + 1 + 100 x 0.02 + 2 (KV) ms + 1e6 pairs x 1e-9 s = 1 ms
+    assert iteration_time_s(fitted, 100, 3, 2_000_000, 1_000_000) == pytest.approx(0.007)
+    with pytest.raises(ValueError, match="num_attention_pairs"):
+        iteration_time_s(fitted, 1, 0, 1, -1)
 
 
 def test_transfer_time_duplex_and_serial() -> None:
@@ -133,3 +142,81 @@ def test_bad_profile_dicts() -> None:
         profile_from_dict(missing)
     with pytest.raises(ValueError, match="hbm_bandwidth_bytes_s must be > 0"):
         _toy(hbm_bandwidth_bytes_s=0.0)
+
+
+# ANCHORS.md / h200_llama8b_cost_2026-11-29.json: transformers eager prefill of one sequence
+PREFILL_ANCHORS_MS = {2048: 59.921, 4096: 118.673, 8192: 247.252}
+
+
+def _prefill_s(profile: CostProfile, num_tokens: int) -> float:
+    pairs = prefill_attention_pairs(0, num_tokens)
+    return iteration_time_s(profile, num_tokens, 0, num_tokens, pairs)
+
+
+@pytest.mark.parametrize("name", ["h200-llama3-8b", "gh200-llama3-8b"])
+def test_prefill_cost_matches_the_h200_anchors(name: str) -> None:
+    p = load_profile(name)
+    for num_tokens, ms in PREFILL_ANCHORS_MS.items():
+        assert _prefill_s(p, num_tokens) == pytest.approx(ms * 1e-3, rel=0.05), num_tokens
+    # attention makes prefill superlinear: doubling 4096 tokens more than doubles the time
+    assert _prefill_s(p, 8192) - _prefill_s(p, 4096) > 2.05 * (
+        _prefill_s(p, 4096) - _prefill_s(p, 2048)
+    )
+    # the decode anchor still holds (decode keeps its memory-bound model)
+    assert iteration_time_s(p, 0, 1, 1024) < 8.3e-3
+
+
+def test_prefill_attention_pairs() -> None:
+    assert prefill_attention_pairs(0, 1) == 1
+    assert prefill_attention_pairs(0, 4) == 1 + 2 + 3 + 4
+    assert prefill_attention_pairs(100, 4) == 101 + 102 + 103 + 104
+    # chunked prefill attends to the same pairs as the whole prompt at once
+    whole = prefill_attention_pairs(0, 3000)
+    assert prefill_attention_pairs(0, 1000) + prefill_attention_pairs(1000, 2000) == whole
+
+
+def test_copy_interference() -> None:
+    p = _toy(copy_compute_overlap_efficiency=0.9)
+    # copies as long as the compute: both take compute / 0.9 (ANCHORS.md's definition)
+    assert 0.05 + copy_interference_s(p, 0.05, 0.05) == pytest.approx(0.05 / 0.9)
+    assert copy_interference_s(p, 0.05, 0.01) == pytest.approx(0.01 / 9)
+    assert copy_interference_s(p, 0.05, 1.0) == copy_interference_s(p, 0.05, 0.05)
+    assert copy_interference_s(p, 0.05, 0.0) == 0.0
+    assert copy_interference_s(_toy(), 0.05, 0.05) == 0.0  # default 1.0: no interference
+    assert load_profile("h200-llama3-8b").copy_compute_overlap_efficiency == 0.9
+    with pytest.raises(ValueError):
+        copy_interference_s(p, -1.0, 0.0)
+
+
+def test_plan_time() -> None:
+    p = _toy(plan_fixed_s=4e-4, plan_per_request_s=2e-7)
+    assert plan_time_s(p, 0) == pytest.approx(4e-4)
+    assert plan_time_s(p, 4096) == pytest.approx(4e-4 + 4096 * 2e-7)
+    assert plan_time_s(_toy(), 4096) == 0.0
+    h200 = load_profile("h200-llama3-8b")
+    assert 1e-4 < plan_time_s(h200, 256) < plan_time_s(h200, 4096) < 1e-2
+
+
+def test_old_profile_without_the_new_fields_loads() -> None:
+    new = {"prefill_s_per_token", "attention_s_per_pair", "copy_compute_overlap_efficiency"}
+    new |= {"plan_fixed_s", "plan_per_request_s"}
+    data = profile_to_dict(load_profile("h200-llama3-8b"))
+    old = {k: v for k, v in data.items() if k not in new}
+    old["_sources"] = {k: v for k, v in data["_sources"].items() if k not in new}
+    p = profile_from_dict(old)
+    assert (p.prefill_s_per_token, p.attention_s_per_pair) == (None, 0.0)
+    assert (p.copy_compute_overlap_efficiency, p.plan_fixed_s, p.plan_per_request_s) == (1, 0, 0)
+    # the old model: prefill tokens at flops_per_token / peak_flops, no attention term
+    expected = iteration_time_s(p, 0, 1, 0) + 100 * p.flops_per_token / p.peak_flops
+    assert iteration_time_s(p, 100, 1, 0, 5050) == pytest.approx(expected)
+
+
+def test_new_fields_are_validated() -> None:
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="copy_compute_overlap_efficiency"):
+            _toy(copy_compute_overlap_efficiency=bad)
+    with pytest.raises(ValueError, match="prefill_s_per_token"):
+        _toy(prefill_s_per_token=0.0)
+    for name in ("attention_s_per_pair", "plan_fixed_s", "plan_per_request_s"):
+        with pytest.raises(ValueError, match=name):
+            _toy(**{name: -1e-9})

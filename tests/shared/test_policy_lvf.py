@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from shared.policy import (
+    PAPER_LVF,
     Knobs,
     RequestState,
     RequestView,
@@ -16,9 +17,7 @@ from shared.policy import (
     make_plan,
 )
 from shared.policy.common import growth_blocks, make_chunk, pack_schedule
-from shared.policy.lvf import _head_scan
 from shared.policy.types import ScheduledChunk
-from shared.policy.vlt import vlt_scores
 from tests.shared.policy_views import (
     BS,
     LVF,
@@ -30,6 +29,8 @@ from tests.shared.policy_views import (
     snap,
     waiting,
 )
+
+S4 = Knobs(policy="lvf", **PAPER_LVF)  # SUPERINFER.md §4 exactly: every extension off
 
 
 def at_block_boundary(rid: str, blocks: int, t_last: float | None = None) -> RequestView:
@@ -100,14 +101,20 @@ def test_head_scan_skips_what_does_not_fit_and_keeps_scanning() -> None:
 
 
 def test_head_scan_budget_is_b_hbm_plus_b_xfer_and_seats() -> None:
-    ranked = [waiting(f"w{i}", t_arr=float(i), blocks=4) for i in range(5)]
-    scores = vlt_scores(ranked, T_NOW, LVF)
-    chosen, b_left = _head_scan(ranked, scores, 2 + 10, 64, BS)  # B_HBM 2, B_xfer 10
-    assert [v.request_id for v in chosen] == ["w0", "w1", "w2"] and b_left == 0
-    chosen, b_left = _head_scan(ranked, scores, 12, 2, BS)  # two seats
-    assert [v.request_id for v in chosen] == ["w0", "w1"] and b_left == 4
-    chosen, b_left = _head_scan(ranked, scores, -3, 64, BS)  # running growth ate all HBM
-    assert chosen == [] and b_left == -3
+    """B_left = B_HBM + B_xfer: 2 free + 10 to move takes three 4-block requests; the tail
+    pays the 10 beyond the free HBM (x, the longest running, holds 4 + y 4 + z 4 = 12)."""
+    run = [running(n, t_run=float(i), blocks=4, seq=i, dram=4) for i, n in enumerate("xyz")]
+    ranked = [waiting(f"w{i}", t_arr=float(i), blocks=4, seq=10 + i) for i in range(5)]
+    snapshot = snap(*run, *ranked, free=2, xfer=10)
+    plan = make_plan(snapshot, S4)
+    assert plan.rotate_out_ids == ["x", "y", "z"]  # B_swap 10: 4, 4, then 2 more
+    assert plan.admit_ids == ["w0", "w1", "w2"]  # their blocks are reused in this step
+    check_plan(snapshot, plan)
+    two_seats = snap(*ranked, free=2, xfer=10, seqs=2)  # nobody to rotate: two seats
+    assert make_plan(two_seats, S4).admit_ids == []  # 2 free blocks hold no whole prompt
+    short = snap(at_block_boundary("g", 4), *ranked, free=0, xfer=10)
+    plan = make_plan(short, S4)  # growth ate all HBM: B_left = -1 + 10 takes w0 and w1
+    assert plan.rotate_out_ids == ["g"] and plan.admit_ids == []  # g frees 4 + 1 < 8
 
 
 def test_waiting_and_rotary_compete_in_one_ranking() -> None:
@@ -137,15 +144,21 @@ def test_beta_f_tolerance_is_a_phase_change_for_young_waiting_requests() -> None
     assert plan.resume_ids == ["r"] and plan.admit_ids == []
 
 
-def test_head_scan_respects_max_num_seqs() -> None:
-    views = [running("x", t_run=9.0), running("y", t_run=9.0)]
-    views += [waiting(f"w{i}", t_arr=float(i), blocks=1, seq=i) for i in range(3)]
-    snapshot = snap(*views, free=2, seqs=3)  # 3 blocks wanted, 2 free: contention
-    plan = make_plan(snapshot, LVF)
-    assert not plan.fcfs_fallback and plan.admit_ids == ["w0"]
-    check_plan(snapshot, plan)
-    full = snap(*views, free=2, seqs=2)
-    assert make_plan(full, LVF).admit_ids == []
+def test_seats_are_a_budget_the_tail_can_pay() -> None:
+    """At max_num_seqs a lagging request still gets in: the tail rotates out one victim per
+    seat it owes (fix: the head scan used to be empty while victims still counted as
+    seated). Without a transfer budget no seat is bought."""
+    views = [running("x", t_run=8.0, seq=0, dram=2), running("y", t_run=9.0, seq=1, dram=2)]
+    views += [waiting(f"w{i}", t_arr=float(i), blocks=1, seq=10 + i) for i in range(3)]
+    full = snap(*views, free=2, seqs=2, xfer=10)  # 3 blocks wanted, 2 free: contention
+    plan = make_plan(full, S4)
+    assert plan.rotate_out_ids == ["x", "y"] and plan.admit_ids == ["w0", "w1"]
+    check_plan(full, plan)
+    assert make_plan(snap(*views, free=2, seqs=2), S4).admit_ids == []  # B_xfer 0
+    one_free = snap(*views, free=2, seqs=3, xfer=10)
+    plan = make_plan(one_free, S4)
+    assert plan.rotate_out_ids == ["x", "y"] and plan.admit_ids == ["w0", "w1", "w2"]
+    check_plan(one_free, plan)
 
 
 def test_only_chosen_requests_that_can_act_now_change_state() -> None:

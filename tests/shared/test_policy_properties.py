@@ -9,6 +9,8 @@ blocks plus the resumes' blocks must fit in the free HBM plus the preempted requ
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,8 +24,7 @@ from shared.policy import (
     make_plan,
     vlt,
 )
-from shared.policy.common import blocks_for, demand_blocks
-from shared.policy.lvf import _classify
+from shared.policy.common import blocks_for, demand_blocks, num_pending_tokens
 from shared.policy.vlt import vlt_scores
 
 T_NOW = 50.0
@@ -96,6 +97,9 @@ knobs_strategy = st.builds(
     slo_ttft_s=st.floats(0.5, 10.0),
     slo_tbt_s=st.floats(0.01, 1.0),
     min_residency_s=st.sampled_from([0.0, 0.0, 0.05, 0.5, 5.0]),
+    rotate_only_for_lag=st.booleans(),
+    protect_unserved=st.booleans(),
+    hold_room_for_rotary=st.booleans(),
 )
 
 
@@ -135,6 +139,7 @@ def check_blocks(snapshot: Snapshot, plan: Plan) -> None:
     views = {v.request_id: v for v in snapshot.requests}
     bs = snapshot.block_size
     freed = sum(views[rid].num_blocks_hbm for rid in plan.preempt_ids)
+    freed += sum(freed_now(views[rid]) for rid in plan.rotate_out_ids)
     resumed = sum(demand_blocks(views[rid], bs) for rid in plan.resume_ids)
     grown = 0
     for chunk in plan.schedule:
@@ -149,47 +154,134 @@ def check_blocks(snapshot: Snapshot, plan: Plan) -> None:
     assert dram <= snapshot.num_free_dram_blocks
 
 
+def reference_growth(snapshot: Snapshot) -> dict[str, int]:
+    """Each running request's new blocks this step, as the batch packs them: decodes first
+    (a block at a block boundary), then prefills in running order sharing what the decodes
+    leave of the token budget and the seats (written from the docs, loop by loop)."""
+    bs = snapshot.block_size
+    running = [v for v in snapshot.requests if v.state is RequestState.RUNNING and v.resident]
+    decodes = [v for v in running if v.num_computed_tokens > 0 and num_pending_tokens(v) == 1]
+    growth = {
+        v.request_id: max(0, v.num_computed_tokens // bs + 1 - v.num_blocks_hbm) for v in decodes
+    }
+    budget = snapshot.max_num_batched_tokens - len(decodes)
+    seats = snapshot.max_num_seqs - len(decodes)
+    for view in running:
+        if view.request_id in growth or num_pending_tokens(view) <= 0:
+            continue
+        num_new = max(0, min(num_pending_tokens(view), budget)) if seats > 0 else 0
+        budget, seats = budget - num_new, seats - 1
+        end = view.num_computed_tokens + num_new
+        growth[view.request_id] = (
+            max(0, blocks_for(end, bs) - view.num_blocks_hbm) if num_new else 0
+        )
+    return growth
+
+
+def freed_now(view: RequestView) -> int:
+    return min(view.num_blocks_hbm, max(0, view.num_blocks_dram))
+
+
+def l_key(view: RequestView, snapshot: Snapshot, knobs: Knobs) -> tuple[float, float, int]:
+    return (-vlt(view, snapshot.t_now_s, knobs), view.t_arr_s, view.arrival_seq)
+
+
+def settled(view: RequestView, snapshot: Snapshot, knobs: Knobs) -> bool:
+    """Past the tail scan's guards (no shortage)."""
+    score = vlt(view, snapshot.t_now_s, knobs)
+    if knobs.min_residency_s > 0 and not score < -knobs.min_residency_s:
+        return False
+    t_last, t_run = view.t_last_s, view.t_run_s
+    served = t_last is not None and (t_run is None or t_last >= t_run)
+    return served or not knobs.protect_unserved
+
+
 def check_lvf(snapshot: Snapshot, knobs: Knobs, plan: Plan) -> None:
+    """Algorithm 1 (SUPERINFER.md §4) and the documented extensions, held against the plan."""
     views = {v.request_id: v for v in snapshot.requests}
     bs = snapshot.block_size
-    growth = 0
-    for view in snapshot.requests:
-        if view.state is RequestState.RUNNING:
-            num_new = min(
-                view.num_tokens - view.num_computed_tokens, snapshot.max_num_batched_tokens
-            )
-            need = blocks_for(view.num_computed_tokens + num_new, bs) - view.num_blocks_hbm
-            growth += max(0, need)
-    demand = sum(
-        demand_blocks(v, bs) for v in snapshot.requests if v.state is not RequestState.RUNNING
-    )
+    growth_of = reference_growth(snapshot)
+    growth = sum(growth_of.values())
+    candidates = [v for v in snapshot.requests if v.state is not RequestState.RUNNING]
+    demand = sum(demand_blocks(v, bs) for v in candidates)
     assert plan.fcfs_fallback == (snapshot.num_free_hbm_blocks - growth >= demand)  # step 1
     if plan.fcfs_fallback:
         assert not plan.rotate_out_ids and not plan.preempt_ids
         return
+    shortage = growth - snapshot.num_free_hbm_blocks
     for rid in plan.rotate_out_ids:
         view = views[rid]
         assert vlt(view, snapshot.t_now_s, knobs) < 0 and view.resident and view.num_blocks_hbm
-    if growth <= snapshot.num_free_hbm_blocks:  # no shortage: only served requests leave
-        assert not plan.preempt_ids  # and rotation never turns into recompute
-        for rid in plan.rotate_out_ids:
-            t_last, t_run = views[rid].t_last_s, views[rid].t_run_s
-            assert t_last is not None and (t_run is None or t_last >= t_run)
-    check_recompute_victims(snapshot, plan, growth)
-    joined = sum(demand_blocks(views[r], bs) for r in plan.admit_ids + plan.resume_ids)
-    b_left = snapshot.num_free_hbm_blocks - growth + snapshot.b_xfer_blocks
-    assert joined <= max(0, b_left)
-    # the tail scan stops as soon as B_swap = B_xfer - B_left is covered, and the head scan
-    # never takes B_left below min(0, B_HBM + B_xfer)
-    leaving = [views[r] for r in plan.rotate_out_ids]
-    if leaving:  # in tail-scan order: VLT ascending, later arrival first
-        leaving.sort(key=lambda v: (vlt(v, snapshot.t_now_s, knobs), -v.t_arr_s, -v.arrival_seq))
-        rotated = sum(v.num_blocks_hbm for v in leaving)
-        b_swap_max = max(snapshot.b_xfer_blocks, growth - snapshot.num_free_hbm_blocks)
-        assert rotated - leaving[-1].num_blocks_hbm < b_swap_max
+        if shortage <= 0:  # the guards hold unless the running requests' growth is short
+            assert settled(view, snapshot, knobs)
+    if shortage <= 0:
+        assert not plan.preempt_ids  # rotation never turns into recompute
+    rotated = [views[r] for r in plan.rotate_out_ids]
+    credit = {r.request_id: r.num_blocks_hbm + growth_of.get(r.request_id, 0) for r in rotated}
+    check_recompute_victims(snapshot, plan, shortage - sum(credit.values()))
+    joined = [views[r] for r in plan.admit_ids + plan.resume_ids]
+    room = -shortage + sum(freed_now(r) + growth_of.get(r.request_id, 0) for r in rotated)
+    assert sum(demand_blocks(v, bs) for v in joined) <= max(0, room)  # step 5: what is freed
+    check_head_order(snapshot, knobs, plan, joined)
+    check_tail_order(snapshot, knobs, plan, rotated, shortage)
+    if rotated and len(rotated) > len(candidates) - (snapshot.max_num_seqs - len(growth_of)):
+        b_swap_max = snapshot.b_xfer_blocks + max(0, shortage)
+        last = rotated_in_tail_order(rotated, snapshot, knobs)[-1]
+        assert sum(credit.values()) - credit[last.request_id] < b_swap_max  # stops when paid
 
 
-def check_recompute_victims(snapshot: Snapshot, plan: Plan, growth: int) -> None:
+def rotated_in_tail_order(
+    rotated: list[RequestView], snapshot: Snapshot, knobs: Knobs
+) -> list[RequestView]:
+    return sorted(
+        rotated,
+        key=lambda v: (vlt(v, snapshot.t_now_s, knobs), -v.t_arr_s, -v.arrival_seq),
+    )
+
+
+def check_head_order(
+    snapshot: Snapshot, knobs: Knobs, plan: Plan, joined: list[RequestView]
+) -> None:
+    """The head takes the largest-VLT requests that fit: a candidate ranked above one that
+    joined, left out, was too big, still rotating out, or a waiting request passed by a
+    resume (admission needs a chunk too)."""
+    joined_ids = {v.request_id for v in joined}
+    bs = snapshot.block_size
+    left_out = [
+        v for v in snapshot.requests
+        if v.state is not RequestState.RUNNING and v.request_id not in joined_ids
+    ]  # fmt: skip
+    for j in joined:
+        for c in left_out:
+            if l_key(c, snapshot, knobs) >= l_key(j, snapshot, knobs):
+                continue
+            assert (
+                c.num_blocks_hbm > 0
+                or demand_blocks(c, bs) > demand_blocks(j, bs)
+                or (c.state is RequestState.WAITING and j.state is RequestState.ROTARY)
+            ), (c, j)
+
+
+def check_tail_order(
+    snapshot: Snapshot, knobs: Knobs, plan: Plan, rotated: list[RequestView], shortage: int
+) -> None:
+    """The tail takes the lowest-VLT eligible requests: one staying, eligible and ahead of a
+    victim in tail order, must have lacked DRAM room."""
+    if not rotated or shortage > 0:
+        return
+    leaving = set(plan.rotate_out_ids) | set(plan.preempt_ids)
+    order = rotated_in_tail_order(rotated, snapshot, knobs)
+    last_key = (vlt(order[-1], snapshot.t_now_s, knobs), -order[-1].t_arr_s)
+    for u in snapshot.requests:
+        if u.state is not RequestState.RUNNING or u.request_id in leaving:
+            continue
+        score = vlt(u, snapshot.t_now_s, knobs)
+        eligible = score < 0 and u.resident and u.num_blocks_hbm and settled(u, snapshot, knobs)
+        if eligible and (score, -u.t_arr_s) < last_key:
+            assert u.num_blocks_hbm > u.num_blocks_dram, u
+
+
+def check_recompute_victims(snapshot: Snapshot, plan: Plan, shortage: int) -> None:
     """LVF recomputes only for a real shortage (the running requests' growth over the free
     HBM, less what rotates out), and then the newest running requests first, as vLLM: the
     shortest prefix of the running list, from its end, that covers it (requests rotating
@@ -198,8 +290,6 @@ def check_recompute_victims(snapshot: Snapshot, plan: Plan, growth: int) -> None
         return
     views = {v.request_id: v for v in snapshot.requests}
     rotating = set(plan.rotate_out_ids)
-    shortage = growth - snapshot.num_free_hbm_blocks
-    shortage -= sum(views[r].num_blocks_hbm for r in rotating)
     eligible = [
         v.request_id
         for v in reversed(snapshot.requests)
@@ -227,14 +317,7 @@ def check_baseline(snapshot: Snapshot, name: str, plan: Plan) -> None:
 @given(snapshot=snapshots(), knobs=knobs_strategy)
 def test_every_policy_makes_an_executable_plan(snapshot: Snapshot, knobs: Knobs) -> None:
     for name in POLICY_NAMES:
-        policy_knobs = Knobs(
-            policy=name,
-            alpha=knobs.alpha,
-            beta_b=knobs.beta_b,
-            beta_f=knobs.beta_f,
-            slo_ttft_s=knobs.slo_ttft_s,
-            slo_tbt_s=knobs.slo_tbt_s,
-        )
+        policy_knobs = replace(knobs, policy=name)  # every knob drawn, residency included
         plan = make_plan(snapshot, policy_knobs)
         check_transitions(snapshot, plan)
         check_schedule(snapshot, plan)
@@ -253,8 +336,6 @@ def test_vlt_scores_agree_with_vlt(snapshot: Snapshot, knobs: Knobs) -> None:
     assert vlt_scores(views, snapshot.t_now_s, knobs) == [
         vlt(v, snapshot.t_now_s, knobs) for v in views
     ]
-    _, candidates, scores, _, _ = _classify(snapshot, knobs)  # LVF's inlined copy
-    assert scores == [vlt(v, snapshot.t_now_s, knobs) for v in candidates]
     for view in views:
         score = vlt(view, snapshot.t_now_s, knobs)
         assert score <= 0 if view.state is RequestState.RUNNING else score >= 0

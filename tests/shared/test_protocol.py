@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.policy import ColumnarSnapshot, Knobs
-from shared.policy.lvf_columnar import lvf_columnar
+from shared.policy.lvf import lvf
 from shared.protocol import (
     SCHEMA_VERSION,
     AbortRequest,
@@ -226,4 +226,4 @@ def test_garbage_in_a_snapshot_table_raises_only_protocol_error(column: int, val
             msg.max_num_seqs,
             msg.b_xfer_blocks,
         )
-        lvf_columnar(snapshot, Knobs(policy="lvf"))
+        lvf(snapshot, Knobs(policy="lvf"))
