@@ -91,8 +91,8 @@ class Knobs:
     # trace (docs/benchmarks.md). Under an HBM shortage for the running requests' own growth
     # the tail-scan guards are lifted.
     # The tail scan passes over requests resident for less than this (s): a rotation must
-    # pay for its copies and its victim's TBT gap (0.25 s: docs/benchmarks.md).
-    min_residency_s: float = 0.25
+    # pay for its copies and its victim's TBT gap (0.5 s: docs/benchmarks.md).
+    min_residency_s: float = 0.5
     # Head requests with VLT == 0 (not behind their SLO) join only within free HBM: rotation
     # repays lag, it never makes room for a request that is on time.
     rotate_only_for_lag: bool = True

@@ -364,8 +364,8 @@ def test_make_chunk_equals_the_dataclass() -> None:
 
 
 def test_min_residency_spares_recently_resumed_requests() -> None:
-    """The extension knob (off by default): the tail scan passes over running requests that
-    (re)entered running less than min_residency_s ago, and takes the older ones."""
+    """The extension knob (0.5 s by default): the tail scan passes over running requests that
+    became resident less than min_residency_s ago, and takes the older ones."""
     now = 100.0
     old = RequestView("old", RequestState.RUNNING, 0.0, 40, 40, 10, 0, t_run_s=now - 10,
                       t_last_s=now - 0.01)  # fmt: skip
@@ -374,8 +374,9 @@ def test_min_residency_spares_recently_resumed_requests() -> None:
     waiting = RequestView("w", RequestState.WAITING, now - 30, 200)
     snapshot = Snapshot(now, (old, fresh, waiting), 0, 100, 4, 64, 8, b_xfer_blocks=60)
     spared = make_plan(snapshot, Knobs(policy="lvf", min_residency_s=1.0))
-    paper = make_plan(snapshot, Knobs(policy="lvf"))
+    paper = make_plan(snapshot, S4)
     assert spared.rotate_out_ids == ["old"]
+    assert make_plan(snapshot, Knobs(policy="lvf")).rotate_out_ids == ["old"]  # 0.3 s < 0.5
     assert paper.rotate_out_ids == ["old", "fresh"]
 
 
