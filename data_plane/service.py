@@ -30,6 +30,7 @@ from data_plane.settings import WorkerSettings
 from shared import streams
 from shared.costmodel import resolve_b_xfer_blocks
 from shared.knobs import read_knobs
+from shared.model_source import model_display_name
 from shared.policy import ColumnarSnapshot, Knobs, Snapshot
 from shared.protocol import (
     AbortRequest,
@@ -49,7 +50,6 @@ from shared.runtime import (
     garbage_collected_between_iterations,
     loop_with_backoff,
 )
-from shared.tokenizer import served_model_name
 
 log = structlog.get_logger(__name__)
 MAX_FAILED_STEPS = 3  # consecutive engine steps that raised before every request is failed
@@ -66,7 +66,7 @@ class Worker:
         self.redis = redis
         self.block_bytes = block_bytes
         self.epoch = uuid.uuid4().hex[:12]
-        self.model_name = served_model_name(settings.model)
+        self.model_name = model_display_name(settings.model)
         engine.clock = time.time  # the wire's times (t_arr_s, ...) are unix seconds
         engine.tokenizer = None  # text (detokenizing, stop strings) is the gateway's job
         knobs = Knobs(policy=settings.policy, b_xfer=settings.b_xfer)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.model_source import default_model
 
 
 class WorkerSettings(BaseSettings):
@@ -10,13 +13,19 @@ class WorkerSettings(BaseSettings):
 
     worker_id: str = "worker-0"
     redis_url: str = "redis://127.0.0.1:6379/0"
-    model: str = "tiny-random"
+    # local dir, .gguf, llama2.c .bin, hub id (org/name), tiny-random; default: SmolLM2's GGUF
+    model: str = Field(default_factory=default_model)
+    revision: str | None = None  # of a hub id
     tokenizer: str | None = None
     dtype: str | None = None
     device: str = "cpu"
     block_size: int = 16
-    hbm_kv_gib: float = 0.25
+    hbm_kv_gib: float | None = None  # None: sized by gpu_memory_utilization (engine/sizing.py)
+    gpu_memory_utilization: float | None = None  # vLLM's; None: 0.9 on CUDA, 1 GiB KV on CPU
+    max_model_len: int | None = None  # vLLM's; must fit the pool
     dram_kv_gib: float = 0.0
+    swap_space: float | None = None  # vLLM's name for the host tier in GiB (= dram_kv_gib)
+    tensor_parallel_size: int = 1  # only 1 is served
     num_hbm_blocks: int | None = None
     num_dram_blocks: int | None = None
     max_num_batched_tokens: int = 2048

@@ -49,6 +49,9 @@ class Delta:
     finish_reason: str | None = None
 
 
+KEEPALIVE = Delta("", 0)  # what :meth:`Generation.deltas` yields while it waits, to keep alive
+
+
 @dataclass(slots=True)
 class _Timeline:
     t_arr_s: float
@@ -86,26 +89,35 @@ class Generation:
         self._detok = IncrementalDetokenizer(
             service.tokenizer, params.prompt_token_ids, params.stop
         )
+        self._wait_deadline: float | None = None  # loop time the current wait times out at
 
-    async def deltas(self) -> AsyncIterator[Delta]:
+    async def deltas(self, keepalive_s: float | None = None) -> AsyncIterator[Delta]:
         """Text deltas until the finish reason; raises APIError on a worker error or timeout.
-        Leaving early (a client disconnect) aborts the request on its worker."""
+        With ``keepalive_s``, :data:`KEEPALIVE` whenever that long passed without an output
+        (the token timeout still counts from the start of the wait). Leaving early (a client
+        disconnect) aborts the request on its worker."""
         try:
             while self.finish_reason is None:
-                msg = await self._next_output()
+                msg = await self._next_output(keepalive_s)
+                if msg is None:
+                    yield KEEPALIVE
+                    continue
                 delta = self._apply(msg)
                 if delta.text or delta.finish_reason or delta.num_tokens:
                     yield delta
         finally:
             self.service.finish(self)
 
-    async def _next_output(self) -> TokenOutput:
+    async def _next_output(self, keepalive_s: float | None) -> TokenOutput | None:
         handle = self.handle
-        timeout_s = self.service.settings.token_timeout_s
+        msg: TokenOutput | None
         try:
             msg = handle.outputs.get_nowait()  # no timer when an output is already waiting
         except asyncio.QueueEmpty:
-            msg = await self._wait_output(timeout_s)
+            msg = await self._wait_output(keepalive_s)
+            if msg is None:
+                return None
+        self._wait_deadline = None
         if handle.failure is not None:
             raise handle.failure
         if handle.overflowed:
@@ -117,11 +129,20 @@ class Generation:
             raise APIError(500 if failed else 400, msg.error, code="worker_error")
         return msg
 
-    async def _wait_output(self, timeout_s: float) -> TokenOutput:
+    async def _wait_output(self, keepalive_s: float | None) -> TokenOutput | None:
+        """The next output, or None when ``keepalive_s`` passed first (one timer either way)."""
+        timeout_s = self.service.settings.token_timeout_s
+        now = asyncio.get_running_loop().time()
+        if self._wait_deadline is None:
+            self._wait_deadline = now + timeout_s
+        left_s = self._wait_deadline - now
+        keepalive = keepalive_s is not None and 0 < keepalive_s < left_s
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(keepalive_s if keepalive else left_s):
                 return await self.handle.outputs.get()
         except TimeoutError:
+            if keepalive:
+                return None
             message = f"no output from the worker in {timeout_s:g} s"
             raise APIError(504, message, code="worker_timeout") from None
 

@@ -1,5 +1,7 @@
-"""OpenAI request bodies (vLLM's extras: top_k, ignore_eos, priority). Every number is bounded
-so that no input can fail later than validation; unknown fields are ignored, as vLLM does."""
+"""OpenAI request bodies (vLLM's extras: top_k, ignore_eos, priority, repetition_penalty,
+chat_template_kwargs, continue_final_message). Every number is bounded so that no input can fail
+later than validation; unknown fields are ignored, as vLLM does. Fields we do not serve are
+declared loosely, so that :mod:`gateway.unsupported` answers them with its own clear 400."""
 
 from __future__ import annotations
 
@@ -26,13 +28,17 @@ class SamplingFields(BaseModel):
     top_k: Annotated[int, Field(ge=-1, le=_MAX_INT)] | None = None
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
     stop: str | list[str] | None = None
-    n: Annotated[int, Field(ge=1, le=128)] = 1
+    n: Annotated[int, Field(ge=1, le=_MAX_INT)] | None = None
+    best_of: Annotated[int, Field(ge=1, le=_MAX_INT)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     priority: Annotated[int, Field(ge=-(2**31), le=_MAX_INT)] = 0
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
+    response_format: Any = None
     user: str | None = None
 
 
@@ -60,7 +66,14 @@ class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]
@@ -68,7 +81,6 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | Annotated[list[TokenId], Field(min_length=1)] | list[str] | list[list[TokenId]]
-    echo: bool = False
-    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    best_of: Annotated[int, Field(ge=1, le=128)] | None = None
+    echo: bool | None = None
+    logprobs: int | None = None
     suffix: str | None = None

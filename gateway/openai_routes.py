@@ -19,10 +19,11 @@ from gateway.auth import bearer
 from gateway.chat import ChatTemplateError
 from gateway.errors import APIError
 from gateway.fastlane import FastRoutes
-from gateway.generation import Generation, GenerationParams
+from gateway.generation import KEEPALIVE, Generation, GenerationParams
 from gateway.openai_models import ChatCompletionRequest, CompletionRequest, SamplingFields
-from gateway.sse import ChunkBuilder, ChunkFormat, SseResponse
+from gateway.sse import KEEPALIVE_EVENT, ChunkBuilder, ChunkFormat, SseResponse
 from gateway.state import GatewayState
+from gateway.unsupported import reject_unsupported
 
 router = APIRouter()
 
@@ -55,12 +56,8 @@ async def chat_completions(
     body: ChatCompletionRequest, request: Request
 ) -> JSONResponse | SseResponse:
     state = _state(request)
-    _unsupported(body, logprobs=bool(body.logprobs))
-    try:
-        text = state.chat.render(body.template_messages(), body.add_generation_prompt)
-    except ChatTemplateError as exc:
-        raise APIError(400, str(exc), param="messages") from exc
-    prompt_ids = state.tokenizer.encode(text, add_bos=not state.chat.has_template)
+    reject_unsupported(body)
+    prompt_ids = _chat_prompt_ids(state, body)
     max_tokens = body.max_completion_tokens or body.max_tokens
     params = await _params(state, request, body, prompt_ids, max_tokens)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -82,9 +79,7 @@ async def chat_completions(
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> JSONResponse | SseResponse:
     state = _state(request)
-    _unsupported(body, logprobs=body.logprobs is not None)
-    if body.echo or body.suffix or (body.best_of or 1) > 1:
-        raise APIError(400, "echo, suffix and best_of > 1 are not supported", param="echo")
+    reject_unsupported(body)
     prompt_ids = _prompt_ids(state, body.prompt)
     max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's and vLLM's default
     params = await _params(state, request, body, prompt_ids, max_tokens)
@@ -113,13 +108,18 @@ def fast_routes() -> FastRoutes:
 # ---- request -> generation parameters ---------------------------------------------------
 
 
-def _unsupported(body: SamplingFields, logprobs: bool) -> None:
-    if body.n > 1:
-        raise APIError(400, "n > 1 is not supported; send n requests", param="n")
-    if logprobs:
-        raise APIError(400, "logprobs are not supported", param="logprobs")
-    if body.presence_penalty or body.frequency_penalty:
-        raise APIError(400, "presence/frequency penalties are not supported", param="penalty")
+def _chat_prompt_ids(state: GatewayState, body: ChatCompletionRequest) -> list[int]:
+    if body.continue_final_message and body.add_generation_prompt:
+        message = "continue_final_message needs add_generation_prompt: false"
+        raise APIError(400, message, param="continue_final_message")
+    messages, kwargs = body.template_messages(), body.chat_template_kwargs
+    try:
+        text = state.chat.render(
+            messages, body.add_generation_prompt, body.continue_final_message, kwargs
+        )
+    except ChatTemplateError as exc:
+        raise APIError(400, str(exc), param=exc.param) from exc
+    return state.tokenizer.encode(text, add_bos=not state.chat.has_template)
 
 
 def _prompt_ids(state: GatewayState, prompt: Any) -> list[int]:
@@ -268,6 +268,7 @@ def _sse(
 ) -> SseResponse:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     chunks = ChunkFormat(build, include_usage)
+    keepalive_s = generation.service.settings.sse_keepalive_s or None  # 0: no keep-alives
 
     async def events() -> AsyncIterator[bytes]:
         try:
@@ -275,9 +276,11 @@ def _sse(
                 chunk = build("", None)
                 chunk["choices"][0]["delta"] = first
                 yield chunks.event(chunk)
-            async for delta in generation.deltas():
+            async for delta in generation.deltas(keepalive_s):
                 if delta.text or delta.finish_reason:
                     yield chunks.delta(delta.text, delta.finish_reason)
+                elif delta is KEEPALIVE:
+                    yield KEEPALIVE_EVENT
             if include_usage:
                 final = build("", None)
                 yield chunks.event({**final, "choices": [], "usage": _usage(generation)})

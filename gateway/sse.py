@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 ChunkBuilder = Callable[[str, str | None], dict[str, Any]]
 DONE = b"data: [DONE]\n\n"
+KEEPALIVE_EVENT = b": keep-alive\n\n"  # an SSE comment: clients skip it, proxies see traffic
 _TEXT_MARK, _REASON_MARK = "\x00text\x00", "\x00finish_reason\x00"
 
 

@@ -17,6 +17,7 @@ from gateway.generation import GenerationService
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
 from gateway.workers import WorkerDirectory
+from shared.model_source import model_display_name, resolve_model
 from shared.runtime import loop_with_backoff
 from shared.tokenizer import load_tokenizer_bundle
 
@@ -27,10 +28,11 @@ class GatewayState:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.gateway_id = settings.gateway_id or f"gw-{uuid.uuid4().hex[:12]}"
-        bundle = load_tokenizer_bundle(settings.model, settings.tokenizer)
+        model_path = resolve_model(settings.model, settings.revision)
+        bundle = load_tokenizer_bundle(model_path, settings.tokenizer)
         self.tokenizer = bundle.tokenizer
-        self.chat = ChatRenderer(bundle)
-        self.model_name = settings.served_model_name or bundle.model_name
+        self.chat = ChatRenderer(bundle, settings.chat_template)
+        self.model_name = settings.served_model_name or model_display_name(settings.model)
         pool = BlockingConnectionPool.from_url(
             settings.redis_url,
             max_connections=settings.redis_max_connections,

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from shared.model_source import model_display_name
+
 
 class Tokenizer(Protocol):
     bos_token_id: int | None
@@ -27,6 +29,17 @@ class HFTokenizer:
         self._tok = FastTokenizer.from_file(str(path))
         self.bos_token_id = bos_token_id
         self.eos_token_ids = eos_token_ids
+
+    @classmethod
+    def from_tokenizer(
+        cls, fast: Any, bos_token_id: int | None, eos_token_ids: tuple[int, ...]
+    ) -> HFTokenizer:
+        """Wrap an in-memory ``tokenizers.Tokenizer`` (one built from GGUF metadata)."""
+        tokenizer = cls.__new__(cls)
+        tokenizer._tok = fast
+        tokenizer.bos_token_id = bos_token_id
+        tokenizer.eos_token_ids = eos_token_ids
+        return tokenizer
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         """The tokenizer's own special tokens (its post-processor: BOS for Llama and Mistral,
@@ -133,16 +146,20 @@ class TokenizerNotFoundError(ValueError):
 
 def load_tokenizer_bundle(model: str, tokenizer_path: str | None = None) -> TokenizerBundle:
     """The tokenizer for ``model`` as ``superinfer generate`` names it: an HF checkpoint
-    directory (tokenizer.json, tokenizer_config.json), a llama2.c ``.bin`` (``tok*.bin`` beside
-    it, or ``tokenizer_path``), or ``tiny-random`` (bytes)."""
+    directory (tokenizer.json, tokenizer_config.json), a ``.gguf`` file (its metadata), a
+    llama2.c ``.bin`` (``tok*.bin`` beside it, or ``tokenizer_path``), or ``tiny-random``."""
     if model == "tiny-random":
         return TokenizerBundle(ByteTokenizer(), model)
     path = Path(model)
-    name = served_model_name(model)
+    name = model_display_name(model)
     if not path.exists():
         raise TokenizerNotFoundError(f"model path {model!r} does not exist")
     if path.is_dir():
         return _hf_bundle(path, Path(tokenizer_path) if tokenizer_path else None, name)
+    if path.suffix == ".gguf":  # the tokenizer is in the file's metadata
+        from shared.gguf_tokenizer import load_gguf_bundle
+
+        return load_gguf_bundle(Path(tokenizer_path) if tokenizer_path else path, name)
     source = Path(tokenizer_path) if tokenizer_path else None
     if source is None:
         source = next(iter(sorted(path.parent.glob("tok*.bin"))), None)
@@ -189,11 +206,3 @@ def _token_text(value: Any) -> str:
     if isinstance(value, dict):
         return str(value.get("content", ""))
     return value if isinstance(value, str) else ""
-
-
-def served_model_name(model: str) -> str:
-    """The name ``/v1/models`` shows for a model path (a directory's name, a file's stem)."""
-    if model == "tiny-random":
-        return model
-    path = Path(model.rstrip("/"))
-    return path.name if path.is_dir() else path.stem

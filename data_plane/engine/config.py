@@ -9,13 +9,14 @@ from dataclasses import dataclass
 class EngineConfig:
     block_size: int = 16
     num_hbm_blocks: int | None = None  # wins over hbm_kv_gib when set
-    hbm_kv_gib: float = 0.25
+    hbm_kv_gib: float | None = None  # wins over gpu_memory_utilization when set
+    gpu_memory_utilization: float | None = None  # None: the device's default (sizing.py)
     num_dram_blocks: int | None = None  # wins over dram_kv_gib when set
     dram_kv_gib: float = 0.0
     pin_chunk_gib: float = 1.0  # host pool pinned this much at a time, in the background
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
-    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    max_model_len: int | None = None  # None: the model's, capped by the pool (sizing.py)
     transfer_backend: str = "cpu"  # cpu | cuda | naive
     eager_sync: bool = True
     device: str = "cpu"
@@ -25,6 +26,11 @@ class EngineConfig:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        utilization = self.gpu_memory_utilization
+        if utilization is not None and not 0 < utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
+        if self.hbm_kv_gib is not None and not self.hbm_kv_gib > 0:
+            raise ValueError(f"hbm_kv_gib must be > 0, got {self.hbm_kv_gib}")
         if self.transfer_backend not in ("cpu", "cuda", "naive"):
             raise ValueError(
                 f"transfer_backend must be cpu, cuda or naive, got {self.transfer_backend!r}"

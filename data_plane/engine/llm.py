@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import structlog
 import torch
 
 from data_plane.engine.config import EngineConfig
@@ -11,6 +12,7 @@ from data_plane.engine.engine import Engine, Executor
 from data_plane.engine.model_runner import BatchItem, ModelRunner
 from data_plane.engine.request import FinishReason, RequestError
 from data_plane.engine.sampling import SamplingParams
+from data_plane.engine.sizing import size_hbm_pool, validate_max_model_len
 from data_plane.kv.geometry import KVGeometry
 from data_plane.kv.host_pool import (
     ChunkedPinner,
@@ -24,6 +26,7 @@ from data_plane.models.loader import LoadedModel
 from data_plane.transfer import make_transfer_engine
 from shared.policy import Knobs, make_plan
 
+log = structlog.get_logger(__name__)
 DEFAULT_B_XFER_BLOCKS = 2400  # the paper's default when knobs.b_xfer is "auto" offline
 
 
@@ -56,13 +59,20 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, knobs: Knobs | None 
         model_cfg.head_dim,
         model_cfg.dtype,
     )
-    num_blocks = config.num_hbm_blocks or geometry.blocks_in(config.hbm_kv_gib)
+    runner = ModelRunner(loaded.model, config.block_size, config.device)
+    num_blocks, how = size_hbm_pool(config, geometry, runner, model_cfg.vocab_size)
+    max_model_len = validate_max_model_len(
+        config.max_model_len, model_cfg.max_position_embeddings, num_blocks, config.block_size
+    )
+    log.info(
+        "kv_pool_sized",
+        num_hbm_blocks=num_blocks,
+        hbm_kv_gib=round(num_blocks * geometry.block_bytes / 2**30, 3),
+        max_model_len=max_model_len,
+        decided_by=how,
+    )
     kv_tensor = geometry.allocate(num_blocks, config.device)
     kv = build_kv_manager(geometry, kv_tensor, config, knobs)
-    runner = ModelRunner(loaded.model, config.block_size, config.device)
-    max_model_len = min(
-        config.max_model_len or model_cfg.max_position_embeddings, model_cfg.max_position_embeddings
-    )
     return Engine(
         executor=_LocalExecutor(runner, kv_tensor),
         kv=kv,
@@ -130,3 +140,12 @@ def generate(
             if output.finish_reason is not None:
                 result.finish_reason = output.finish_reason.value
     return list(results.values())
+
+
+def warm_up(engine: Engine) -> None:
+    """One short request through the whole engine (first-call costs paid before serving);
+    it leaves nothing behind: its blocks are freed when it finishes."""
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    engine.add_request("warm-up", [0] * 8, params)
+    while engine.has_unfinished():
+        engine.step()

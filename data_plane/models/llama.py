@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from data_plane.models.attention import AttentionMetadata, paged_attention, write_kv
 from data_plane.models.config import ModelConfig, rope_inv_freq
@@ -123,3 +126,36 @@ class LlamaModel(nn.Module):
             x = layer(x, positions, self.rotary, cache_rows, offset, meta)
         x = self.norm(x[logits_indices])
         return self.lm_head(x).float()
+
+
+_RANDOM_INIT = (torch.nn.init.normal_, torch.nn.init.uniform_, torch.nn.init.kaiming_uniform_)
+_FACTORIES = (torch.empty, torch.ones, torch.zeros)  # what the modules' __init__ allocate with
+
+
+class _EmptyInit(TorchFunctionMode):
+    """Inside: the modules' random init is skipped and their parameters are allocated in
+    ``dtype`` (thread-local, unlike ``torch.set_default_dtype``)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func in _RANDOM_INIT:
+            return args[0] if args else kwargs["tensor"]
+        if func in _FACTORIES and kwargs.get("dtype") is None:
+            kwargs["dtype"] = self.dtype
+        return func(*args, **kwargs)
+
+
+def empty_model(config: ModelConfig, device: str | torch.device = "cpu") -> LlamaModel:
+    """The model with uninitialised weights of ``config.dtype`` on ``device``, allocated once
+    (no random init, no cast), so that a loader can fill each parameter from its checkpoint
+    tensor. Not built on the meta device: torch's meta kernels for ``normal_``, ``arange`` and
+    ``empty_like`` are Python refs whose first use imports torch._dynamo and sympy (~200 MiB of
+    host memory and ~1 s in a process with no other use for them; bench/load_memory.py)."""
+    with torch.device(device), _EmptyInit(config.dtype):
+        return LlamaModel(config)

@@ -7,15 +7,20 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from data_plane.models.config import DTYPES, ModelConfig, ModelConfigError
-from data_plane.models.llama import DecoderLayer, LlamaModel
+from data_plane.models.llama import DecoderLayer, LlamaModel, empty_model
 from shared.tokenizer import ByteTokenizer, HFTokenizer, Llama2cTokenizer, Tokenizer
 
 TINY_RANDOM = "tiny-random"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+# checkpoint tensors we never need (RoPE tables that older transformers saved)
+HARMLESS_SUFFIXES = ("rotary_emb.inv_freq",)
+COPY_CHUNK_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -33,7 +38,7 @@ def load_model(
     device: str = "cpu",
     seed: int = 0,
 ) -> LoadedModel:
-    """Load ``path`` (directory, ``*.bin`` llama2.c checkpoint, or ``tiny-random``)."""
+    """Load ``path`` (directory, ``*.gguf``, ``*.bin`` llama2.c checkpoint, or ``tiny-random``)."""
     torch_dtype = _parse_dtype(dtype)
     if path == TINY_RANDOM:
         loaded = _tiny_random(seed, torch_dtype)
@@ -42,7 +47,11 @@ def load_model(
         if not location.exists():
             raise ModelConfigError(f"model path {path!r} does not exist (no hub downloads)")
         if location.is_dir():
-            loaded = _load_hf_dir(location, torch_dtype)
+            loaded = _load_hf_dir(location, torch_dtype, device)
+        elif location.suffix == ".gguf":
+            from data_plane.models.gguf_loader import load_gguf
+
+            loaded = load_gguf(location, torch_dtype, device)
         else:
             loaded = _load_llama2c(location, torch_dtype)
     if tokenizer_path is not None:
@@ -96,7 +105,10 @@ def _tiny_random(seed: int, dtype: torch.dtype | None) -> LoadedModel:
     return LoadedModel(config, model, ByteTokenizer(), TINY_RANDOM)
 
 
-def _load_hf_dir(directory: Path, dtype: torch.dtype | None) -> LoadedModel:
+def _load_hf_dir(directory: Path, dtype: torch.dtype | None, device: str = "cpu") -> LoadedModel:
+    """Stream an HF checkpoint into a model built without init (in its final dtype, on
+    ``device``): each tensor is copied from its shard, cast on the way, straight into its
+    parameter or its rows of a fused one, a chunk at a time."""
     config_path = directory / "config.json"
     if not config_path.exists():
         raise ModelConfigError(f"{directory} is not a model directory: config.json is missing")
@@ -105,16 +117,9 @@ def _load_hf_dir(directory: Path, dtype: torch.dtype | None) -> LoadedModel:
     except json.JSONDecodeError as exc:
         raise ModelConfigError(f"{config_path} is not valid JSON: {exc}") from exc
     config = ModelConfig.from_hf(raw, dtype)
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise ModelConfigError(f"{directory} has no *.safetensors weight files")
-    from safetensors.torch import load_file
-
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        state.update(load_file(str(file)))
-    model = LlamaModel(config)
-    _load_hf_state(model, state, config)
+    shards = _shard_keys(directory)
+    model = empty_model(config, device)
+    _load_hf_state(model, shards, config)
     tokenizer_file = directory / "tokenizer.json"
     tokenizer = (
         HFTokenizer(tokenizer_file, config.bos_token_id, config.eos_token_ids)
@@ -124,37 +129,135 @@ def _load_hf_dir(directory: Path, dtype: torch.dtype | None) -> LoadedModel:
     return LoadedModel(config, model, tokenizer, directory.name)
 
 
-def _take(state: dict[str, torch.Tensor], key: str) -> torch.Tensor:
-    if key not in state:
-        raise ModelConfigError(f"weight {key!r} is missing from the checkpoint")
-    return state.pop(key)
+def _shard_keys(directory: Path) -> dict[Path, list[str]]:
+    """Each shard's tensor names: from ``model.safetensors.index.json`` when there is one, or
+    else from the headers of every ``*.safetensors`` file."""
+    index_path = directory / SAFETENSORS_INDEX
+    if not index_path.exists():
+        files = sorted(directory.glob("*.safetensors"))
+        if not files:
+            raise ModelConfigError(f"{directory} has no *.safetensors weight files")
+        shards: dict[Path, list[str]] = {}
+        for file in files:
+            with _open_shard(file, "cpu") as handle:
+                shards[file] = list(handle.keys())
+        return shards
+    try:
+        weight_map = json.loads(index_path.read_text()).get("weight_map")
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise ModelConfigError(f"{index_path} is not a safetensors index: {exc}") from exc
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ModelConfigError(f"{index_path} has no 'weight_map'")
+    shards = {}
+    for key, name in weight_map.items():
+        file = directory / str(name)
+        if not file.is_file():
+            raise ModelConfigError(f"shard {name!r} named in {index_path.name} does not exist")
+        shards.setdefault(file, []).append(key)
+    return shards
 
 
-def _load_hf_state(model: LlamaModel, state: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
-    with torch.no_grad():
-        model.embed_tokens.weight.copy_(_take(state, "model.embed_tokens.weight"))
-        model.norm.weight.copy_(_take(state, "model.norm.weight"))
-        if not cfg.tie_word_embeddings:
-            model.lm_head.weight.copy_(_take(state, "lm_head.weight"))
-        for index, module in enumerate(model.layers):
-            layer = cast(DecoderLayer, module)
-            prefix = f"model.layers.{index}."
-            attn = prefix + "self_attn."
-            qkv = [_take(state, f"{attn}{p}_proj.weight") for p in "qkv"]
-            layer.qkv_proj.weight.copy_(torch.cat(qkv))
-            if cfg.qkv_bias:
-                layer.qkv_proj.bias.copy_(
-                    torch.cat([_take(state, f"{attn}{p}_proj.bias") for p in "qkv"])
+def _open_shard(file: Path, device: str) -> Any:
+    try:
+        return safe_open(str(file), framework="pt", device=device)
+    except (SafetensorError, OSError) as exc:
+        raise ModelConfigError(f"cannot read safetensors file {file}: {exc}") from exc
+
+
+def _hf_targets(model: LlamaModel, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Checkpoint name -> the parameter, or the rows of a fused parameter, it fills."""
+    targets = {
+        "model.embed_tokens.weight": model.embed_tokens.weight.detach(),
+        "model.norm.weight": model.norm.weight.detach(),
+    }
+    if not cfg.tie_word_embeddings:
+        targets["lm_head.weight"] = model.lm_head.weight.detach()
+    for index, module in enumerate(model.layers):
+        layer = cast(DecoderLayer, module)
+        attn, mlp = f"model.layers.{index}.self_attn.", f"model.layers.{index}.mlp."
+        qkv = [f"{attn}{p}_proj" for p in "qkv"]
+        targets.update(_rows(qkv, ".weight", layer.qkv_proj.weight, layer.qkv_sizes))
+        if cfg.qkv_bias:
+            targets.update(_rows(qkv, ".bias", layer.qkv_proj.bias, layer.qkv_sizes))
+        gate_up = [f"{mlp}gate_proj", f"{mlp}up_proj"]
+        sizes = (cfg.intermediate_size, cfg.intermediate_size)
+        targets.update(_rows(gate_up, ".weight", layer.gate_up_proj.weight, sizes))
+        targets[attn + "o_proj.weight"] = layer.o_proj.weight.detach()
+        targets[mlp + "down_proj.weight"] = layer.down_proj.weight.detach()
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            norm = getattr(layer, name)
+            targets[f"model.layers.{index}.{name}.weight"] = norm.weight.detach()
+    return targets
+
+
+def _rows(
+    names: list[str], suffix: str, fused: torch.Tensor, sizes: tuple[int, ...]
+) -> dict[str, torch.Tensor]:
+    """Views of consecutive row blocks of a fused parameter (q/k/v or gate/up)."""
+    views = fused.detach().split(list(sizes), dim=0)
+    return {name + suffix: view for name, view in zip(names, views, strict=True)}
+
+
+def _harmless(key: str, cfg: ModelConfig) -> bool:
+    """Checkpoint tensors our model does not need and can safely drop."""
+    return key.endswith(HARMLESS_SUFFIXES) or (cfg.tie_word_embeddings and key == "lm_head.weight")
+
+
+def _plan(
+    shards: dict[Path, list[str]], targets: dict[str, torch.Tensor], cfg: ModelConfig
+) -> list[tuple[Path, str]]:
+    """(shard, name) of each weight to copy; every expected weight exactly once, or an error."""
+    seen: dict[str, Path] = {}
+    unexpected: list[str] = []
+    for file, keys in shards.items():
+        for key in keys:
+            if key not in targets:
+                if not _harmless(key, cfg):
+                    unexpected.append(key)
+            elif key in seen:
+                raise ModelConfigError(
+                    f"weight {key!r} is in the checkpoint twice ({seen[key].name}, {file.name})"
                 )
-            layer.o_proj.weight.copy_(_take(state, attn + "o_proj.weight"))
-            mlp = prefix + "mlp."
-            gate_up = [_take(state, f"{mlp}{p}_proj.weight") for p in ("gate", "up")]
-            layer.gate_up_proj.weight.copy_(torch.cat(gate_up))
-            layer.down_proj.weight.copy_(_take(state, mlp + "down_proj.weight"))
-            layer.input_layernorm.weight.copy_(_take(state, prefix + "input_layernorm.weight"))
-            layer.post_attention_layernorm.weight.copy_(
-                _take(state, prefix + "post_attention_layernorm.weight")
+            else:
+                seen[key] = file
+    missing = [key for key in targets if key not in seen]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ModelConfigError(f"weight {missing[0]!r} is missing from the checkpoint{more}")
+    if unexpected:
+        shown = ", ".join(repr(key) for key in unexpected[:3])
+        more = f" and {len(unexpected) - 3} more" if len(unexpected) > 3 else ""
+        raise ModelConfigError(
+            f"the checkpoint has weights this {cfg.architecture} model does not use: {shown}{more}"
+        )
+    return [(file, key) for key, file in seen.items()]
+
+
+def _load_hf_state(model: LlamaModel, shards: dict[Path, list[str]], cfg: ModelConfig) -> None:
+    """Copy each planned checkpoint tensor into its destination, cast on the way."""
+    targets = _hf_targets(model, cfg)
+    device = str(model.embed_tokens.weight.device)
+    with torch.no_grad():
+        for file, key in _plan(shards, targets, cfg):
+            _copy_weight(file, key, targets[key], device)
+
+
+def _copy_weight(file: Path, key: str, dest: torch.Tensor, device: str) -> None:
+    """Copy one tensor in row chunks of at most COPY_CHUNK_BYTES, reopening the shard for each:
+    a shard's mapped pages stay resident while it is open, so only one chunk's are at a time."""
+    try:
+        with _open_shard(file, device) as handle:
+            shape = tuple(handle.get_slice(key).get_shape())
+        if shape != tuple(dest.shape):
+            raise ModelConfigError(
+                f"weight {key!r} has shape {shape}, the config implies {tuple(dest.shape)}"
             )
+        step = max(1, COPY_CHUNK_BYTES // (4 * dest[0].numel()))  # sources of up to 4 B/element
+        for start in range(0, shape[0], step):
+            with _open_shard(file, device) as handle:
+                dest[start : start + step].copy_(handle.get_slice(key)[start : start + step])
+    except SafetensorError as exc:
+        raise ModelConfigError(f"weight {key!r} cannot be read from {file}: {exc}") from exc
 
 
 def _load_llama2c(path: Path, dtype: torch.dtype | None) -> LoadedModel:

@@ -170,7 +170,10 @@ def test_server_counters_from_metrics_text() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_served() -> Iterator[Served]:
-    with embedded_redis() as redis_url, serve(["--max-num-seqs", "4"], redis_url) as system:
+    with (
+        embedded_redis() as redis_url,
+        serve(["--model", "tiny-random", "--max-num-seqs", "4"], redis_url) as system,
+    ):
         yield system
 
 

@@ -1,0 +1,60 @@
+"""The OpenAI (and vLLM) request fields this server does not serve: one table for both
+endpoints, checked by the endpoint functions that the fast lane and FastAPI's routes share.
+
+A field at its null or default value (``tools: null``, ``n: 1``, penalties 0,
+``response_format: {"type": "text"}``...) is accepted, since clients send those; any other value
+is a 400 whose ``param`` is the field and whose message names it and says it is not supported."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+from gateway.errors import APIError
+
+Accepts = Callable[[Any], bool]
+
+
+def _one_of(*allowed: Any) -> Accepts:
+    """None, or a value equal to one of ``allowed`` (and of the same type: ``0`` is not
+    ``False``, ``1`` is ``1.0``)."""
+
+    def accepts(value: Any) -> bool:
+        return value is None or any(
+            value == a and isinstance(value, bool) == isinstance(a, bool) for a in allowed
+        )
+
+    return accepts
+
+
+_EMPTY = _one_of([], {}, "")
+
+# field -> (accepts, why), in the order they are checked. Fields a request model lacks (echo on
+# chat) are never set on it.
+UNSUPPORTED: dict[str, tuple[Accepts, str]] = {
+    "tools": (_EMPTY, "this server does not call tools"),
+    "tool_choice": (_one_of("none", "auto"), "only 'none' (or 'auto' without tools)"),
+    "functions": (_EMPTY, "this server does not call functions"),
+    "function_call": (_one_of("none", "auto"), "only 'none' (or 'auto' without functions)"),
+    "response_format": (_one_of({"type": "text"}), 'only {"type": "text"}'),
+    "logprobs": (_one_of(False), "no log probabilities are returned"),
+    "top_logprobs": (_one_of(0), "no log probabilities are returned"),
+    "n": (_one_of(1), "only n = 1; send n requests"),
+    "best_of": (_one_of(1), "only best_of = 1"),
+    "presence_penalty": (_one_of(0), "only 0"),
+    "frequency_penalty": (_one_of(0), "only 0"),
+    "repetition_penalty": (_one_of(1), "only 1"),
+    "logit_bias": (_EMPTY, "only an empty one"),
+    "echo": (_one_of(False), "the prompt is not echoed"),
+    "suffix": (_EMPTY, "no text is inserted after the completion"),
+}
+
+
+def reject_unsupported(body: BaseModel) -> None:
+    """400 for the first field of ``body`` set to a value this server does not serve."""
+    fields = type(body).model_fields
+    for name, (accepts, why) in UNSUPPORTED.items():
+        if name in fields and not accepts(getattr(body, name)):
+            raise APIError(400, f"'{name}' is not supported: {why}", param=name)
