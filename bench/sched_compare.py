@@ -226,7 +226,7 @@ def make_job(
         rps,
         args.duration,
         policy,
-        knobs or Knobs(),
+        knobs or Knobs(**args.knobs),
         setup,
         seed=args.seed,
         label=label or policy,
@@ -586,7 +586,7 @@ def ablation_plan(
             job = make_job(w, profile, rps, "lvf", args, f"{gpu} lvf {label}", **changes)
             plan.append((w.name, profile, 0.0, job))
         for residency_s in RESIDENCY_SWEEP:  # the extension knob (SUPERINFER.md's LVF: 0)
-            knobs = Knobs(min_residency_s=residency_s)
+            knobs = Knobs(**{**args.knobs, "min_residency_s": residency_s})
             label = f"{gpu} lvf min_residency={residency_s:g}"
             plan.append(
                 (w.name, profile, 0.0, make_job(w, profile, rps, "lvf", args, label, knobs))
@@ -722,7 +722,7 @@ def write_json(args: argparse.Namespace, out: dict[str, Any], wall_s: float) -> 
         "seed": args.seed,
         "search": args.search,
         "all_policies": args.all_policies,
-        "knobs": repr(Knobs()),
+        "knobs": repr(Knobs(**args.knobs)),
     }
     path = args.out / "sched_compare.json"
     path.write_text(json.dumps({"config": config, **out}, indent=2) + "\n", encoding="utf-8")
@@ -794,6 +794,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="search the knees of the kit's traces (default: yes, no with --quick)",
     )
     add("--calibrate-only", action="store_true", help="only the knees and rates (vllm runs)")
+    add(
+        "--knobs",
+        type=json.loads,
+        default={},
+        help="knob values for every run instead of the defaults, e.g. '{\"min_residency_s\": 1}'",
+    )
     add("--no-plots", action="store_true")
     args = parser.parse_args(argv)
     args.duration = args.duration or (QUICK_DURATION_S if args.quick else DURATION_S)

@@ -133,6 +133,16 @@ class WorkerCollector(Collector):
                 free.add_metric([*wid, tier], float(pool.num_free))
         yield blocks
         yield free
+        residency = GaugeMetricFamily(
+            "superinfer_worker_lvf_min_residency_seconds",
+            "LVF's minimum residency the worker plans with (adapted online unless pinned)",
+            labels=labels,
+        )
+        planner = worker.planner
+        knobs = planner.knobs
+        value_s = planner.residency.value_s if knobs.adaptive_residency else knobs.min_residency_s
+        residency.add_metric(wid, value_s)
+        yield residency
 
 
 async def _run_and_drain(

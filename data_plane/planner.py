@@ -6,6 +6,7 @@ from __future__ import annotations
 import structlog
 
 from shared.policy import ColumnarSnapshot, Knobs, Plan, Snapshot, make_plan
+from shared.policy.adaptive import ResidencyController, controlled_knobs
 from shared.policy.remote import fit_plan
 from shared.protocol import RotationPlan
 
@@ -14,7 +15,9 @@ log = structlog.get_logger(__name__)
 
 class HybridPlanner:
     def __init__(self, knobs: Knobs, max_age_iterations: int, epoch: str) -> None:
-        self.knobs = knobs
+        self._knobs = knobs
+        # LVF's adaptive residency, fed every snapshot (warm when planning turns local).
+        self.residency = ResidencyController(value_s=knobs.min_residency_s)
         self.epoch = epoch
         self.max_age_iterations = max_age_iterations
         self.remote: RotationPlan | None = None
@@ -24,6 +27,18 @@ class HybridPlanner:
         self.num_local = 0
         self.num_remote_transitions = 0  # state changes taken from remote plans (still valid)
         self.last_snapshot: Snapshot | ColumnarSnapshot | None = None
+
+    @property
+    def knobs(self) -> Knobs:
+        return self._knobs
+
+    @knobs.setter
+    def knobs(self, knobs: Knobs) -> None:
+        """New knobs from the control plane: a changed residency restarts the controller
+        there (an operator's pinned or starting value)."""
+        if knobs.min_residency_s != self._knobs.min_residency_s:
+            self.residency = ResidencyController(value_s=knobs.min_residency_s)
+        self._knobs = knobs
 
     def offer(self, plan: RotationPlan) -> bool:
         """A plan arrived from the control plane; keep it if it is the newest of this
@@ -39,6 +54,7 @@ class HybridPlanner:
     def __call__(self, snapshot: Snapshot | ColumnarSnapshot) -> Plan:
         """The plan for this iteration (the worker's engine hands columns; views work too)."""
         self.last_snapshot = snapshot
+        snapshot, knobs = controlled_knobs(snapshot, self._knobs, self.residency)
         remote = self.remote
         fresh = remote is not None and (
             0 <= snapshot.iteration - remote.snapshot_iteration <= self.max_age_iterations
@@ -46,7 +62,7 @@ class HybridPlanner:
         self._switch("remote" if fresh else "local", snapshot.iteration)
         if remote is None or not fresh:
             self.num_local += 1
-            return make_plan(snapshot, self.knobs)
+            return make_plan(snapshot, knobs)
         self.num_remote += 1
         if self._remote_applied:  # already executed: keep running, wait for the next plan
             return fit_plan(snapshot, [], [], [], [], self.knobs)

@@ -11,7 +11,12 @@ from shared.policy import POLICY_NAMES, Knobs
 from shared.streams import KNOBS_KEY
 
 _FLOAT_FIELDS = {"alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s", "min_residency_s"}
-_BOOL_FIELDS = {"rotate_only_for_lag", "protect_unserved", "hold_room_for_rotary"}
+_BOOL_FIELDS = {
+    "rotate_only_for_lag",
+    "protect_unserved",
+    "hold_room_for_rotary",
+    "adaptive_residency",
+}
 _BOOL_TEXT = {"true": True, "1": True, "false": False, "0": False}
 
 

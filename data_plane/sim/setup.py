@@ -32,6 +32,7 @@ from shared.costmodel import (
     plan_time_s,
 )
 from shared.policy import ColumnarSnapshot, Knobs, Plan, Snapshot, make_plan
+from shared.policy.adaptive import ResidencyController, controlled_knobs
 
 GIB = 1 << 30
 ROTATING_POLICIES = frozenset({"swap", "edf", "lvf"})
@@ -135,7 +136,13 @@ def build_parts(policy: str, knobs: Knobs, setup: SimSetup) -> SimParts:
         kv = KVCacheManager(setup.num_hbm_blocks, profile.block_size_tokens)
     executor = SimulatedExecutor(clock, profile, copies=transfer)
     plan_knobs = dataclasses.replace(knobs, policy=policy, b_xfer=None if auto_profile else b_xfer)
-    planner = ChargedPlanner(lambda snapshot: make_plan(snapshot, plan_knobs), clock, profile)
+    controller = ResidencyController(value_s=plan_knobs.min_residency_s)
+
+    def plan(snapshot: Snapshot | ColumnarSnapshot) -> Plan:
+        snapshot, knobs_now = controlled_knobs(snapshot, plan_knobs, controller)
+        return make_plan(snapshot, knobs_now)
+
+    planner = ChargedPlanner(plan, clock, profile)
     engine = Engine(
         executor=executor,
         kv=kv,

@@ -100,6 +100,9 @@ class Knobs:
     protect_unserved: bool = True
     # A chosen rotary request waiting for room stops those ranked below it from joining.
     hold_room_for_rotary: bool = True
+    # min_residency_s adapted online from how late started requests are for their next token
+    # (shared/policy/adaptive.py); min_residency_s is then its starting value. Off: pinned.
+    adaptive_residency: bool = True
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s", "min_residency_s"):
@@ -120,6 +123,7 @@ PAPER_LVF: dict[str, Any] = {
     "rotate_only_for_lag": False,
     "protect_unserved": False,
     "hold_room_for_rotary": False,
+    "adaptive_residency": False,
 }  # the knob values that make LVF SUPERINFER.md §4 exactly (Knobs(**PAPER_LVF))
 
 

@@ -1,0 +1,96 @@
+"""An online controller for LVF's minimum residency: rotate freely while decoding keeps its
+TBT promise, back off towards FCFS when rotations make started requests wait.
+
+SUPERINFER.md tunes alpha/beta/B_xfer by hand per workload; a fixed ``min_residency_s`` that
+wins at the knee of one trace rotates too much at twice the knee of another (docs/benchmarks.md:
+0.25 s gains most TTFT at the knee, 0.5 s keeps goodput at overload). The controller observes
+the one cost a rotation imposes, the started requests kept waiting for their next token, from
+each snapshot alone (no extra counters, no wire fields):
+
+    overdue(t) = mean over started requests of clip((t - t_last) / S_B - 1, 0, cap)
+
+that is how many TBT objectives each started request is currently late, on average. It keeps
+an exponential average over ``window_s`` of it and, once per ``period_s``:
+
+- above ``overdue_high``: doubles the residency (up to ``max_s``: rotations become rare, LVF
+  behaves as FCFS with LVF's admission order);
+- below ``overdue_low``: divides it by 1.5 (down to ``min_s``).
+
+The policy itself stays a pure function: :func:`controlled_knobs` returns the knobs to plan
+with; the state lives in a small object each planner owns (worker, control plane per worker,
+simulator). Operators see ``value_s`` (metrics, admin) and pin the residency by turning the
+``adaptive_residency`` knob off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shared.policy.columns import ColumnarSnapshot, columnar_from_snapshot
+from shared.policy.types import Knobs, Snapshot
+
+OVERDUE_CAP = 20.0  # one request out for minutes must not stand for the whole batch
+
+
+@dataclass(slots=True)
+class ResidencyController:
+    """State of the controller for one engine; ``value_s`` is the residency to plan with."""
+
+    min_s: float = 0.1
+    max_s: float = 8.0
+    overdue_high: float = 2.0
+    overdue_low: float = 0.6
+    window_s: float = 4.0
+    period_s: float = 1.0
+    value_s: float = 0.5
+    overdue: float = 0.0  # the exponential average
+    _t_sample_s: float | None = field(default=None, repr=False)
+    _t_decided_s: float | None = field(default=None, repr=False)
+
+    def observe(self, snapshot: ColumnarSnapshot, default_slo_tbt_s: float) -> float:
+        """Fold one snapshot in; returns the residency to plan this iteration with."""
+        now = snapshot.t_now_s
+        sample = overdue_now(snapshot, default_slo_tbt_s)
+        if self._t_sample_s is None:
+            self.overdue, self._t_decided_s = sample, now
+        else:
+            weight = 1.0 - math.exp(-max(0.0, now - self._t_sample_s) / self.window_s)
+            self.overdue += weight * (sample - self.overdue)
+        self._t_sample_s = now
+        if self._t_decided_s is not None and now - self._t_decided_s >= self.period_s:
+            self._t_decided_s = now
+            if self.overdue > self.overdue_high:
+                self.value_s = min(self.max_s, self.value_s * 2.0)
+            elif self.overdue < self.overdue_low:
+                self.value_s = max(self.min_s, self.value_s / 1.5)
+        return self.value_s
+
+
+def overdue_now(snapshot: ColumnarSnapshot, default_slo_tbt_s: float) -> float:
+    """Mean TBT objectives by which the started requests are late at ``snapshot.t_now_s``."""
+    columns = snapshot.requests
+    t_last = columns.t_last_s
+    started = ~np.isnan(t_last)
+    if not started.any():
+        return 0.0
+    slo = columns.slo_tbt_s[started]
+    slo = np.where(np.isnan(slo), default_slo_tbt_s, slo)
+    late = (snapshot.t_now_s - t_last[started]) / slo - 1.0
+    return float(np.clip(late, 0.0, OVERDUE_CAP).mean())
+
+
+def controlled_knobs(
+    snapshot: Snapshot | ColumnarSnapshot, knobs: Knobs, controller: ResidencyController
+) -> tuple[Snapshot | ColumnarSnapshot, Knobs]:
+    """``knobs`` with the controller's residency when LVF runs with ``adaptive_residency``
+    (the snapshot comes back as columns then, so that LVF does not convert it twice)."""
+    if knobs.policy != "lvf" or not knobs.adaptive_residency:
+        return snapshot, knobs
+    if isinstance(snapshot, Snapshot):
+        snapshot = columnar_from_snapshot(snapshot)
+    residency_s = controller.observe(snapshot, knobs.slo_tbt_s)
+    return snapshot, dataclasses.replace(knobs, min_residency_s=residency_s)

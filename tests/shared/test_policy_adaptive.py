@@ -1,0 +1,97 @@
+"""LVF's adaptive residency (shared/policy/adaptive.py): what it measures, how it moves, and
+that it changes nothing unless LVF runs with ``adaptive_residency``."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+
+from data_plane.planner import HybridPlanner
+from shared.policy import Knobs
+from shared.policy.adaptive import (
+    OVERDUE_CAP,
+    ResidencyController,
+    controlled_knobs,
+    overdue_now,
+)
+from shared.policy.columns import columnar_from_snapshot
+from tests.shared.policy_views import rotary, running, snap, waiting
+
+ADAPTIVE = Knobs(policy="lvf", adaptive_residency=True, slo_tbt_s=0.1)
+
+
+def _late(t_now: float, gap_s: float):  # type: ignore[no-untyped-def]
+    """Two started requests: one just decoded, one rotary ``gap_s`` since its last token."""
+    return snap(
+        running("a", t_run=t_now - 5, t_last=t_now),
+        rotary("b", t_last=t_now - gap_s, slo_tbt=0.1),
+        waiting("w", t_arr=t_now - 1),  # not started: never counted
+        free=100,
+        t_now=t_now,
+    )
+
+
+def test_overdue_is_the_mean_lateness_of_started_requests_in_tbt_objectives() -> None:
+    snapshot = columnar_from_snapshot(_late(10.0, 0.6))  # b: 0.6 s = 6 objectives, 5 late
+    assert overdue_now(snapshot, 0.1) == pytest.approx(5.0 / 2)
+    capped = columnar_from_snapshot(_late(10.0, 1000.0))
+    assert overdue_now(capped, 0.1) == pytest.approx(OVERDUE_CAP / 2)
+    nobody = columnar_from_snapshot(snap(waiting("w", t_arr=9.0), free=10))
+    assert overdue_now(nobody, 0.1) == 0.0
+
+
+def test_sustained_lateness_doubles_the_residency_up_to_its_cap() -> None:
+    controller = ResidencyController(value_s=0.5, max_s=4.0)
+    values = []
+    for step in range(200):  # 20 s of 0.1-s iterations, a request always 5 objectives late
+        t_now = 10.0 + 0.1 * step
+        values.append(controller.observe(columnar_from_snapshot(_late(t_now, 0.6)), 0.1))
+    assert values[0] == 0.5  # no decision before a whole period
+    assert max(values) == 4.0 and values[-1] == 4.0
+    assert all(b in (a, min(4.0, 2 * a)) for a, b in itertools.pairwise(values))
+
+
+def test_punctual_decoding_lowers_it_to_its_floor() -> None:
+    controller = ResidencyController(value_s=2.0, min_s=0.25)
+    for step in range(300):
+        t_now = 10.0 + 0.1 * step
+        controller.observe(columnar_from_snapshot(_late(t_now, 0.05)), 0.1)
+    assert controller.value_s == 0.25
+
+
+def test_knobs_change_only_for_adaptive_lvf() -> None:
+    snapshot = _late(10.0, 0.6)
+    for knobs in (
+        Knobs(policy="vllm", adaptive_residency=True),
+        Knobs(policy="lvf", adaptive_residency=False),
+    ):
+        assert controlled_knobs(snapshot, knobs, ResidencyController()) == (snapshot, knobs)
+    controller = ResidencyController(value_s=1.25)
+    columns, knobs = controlled_knobs(snapshot, ADAPTIVE, controller)
+    assert knobs == dataclasses.replace(ADAPTIVE, min_residency_s=1.25)
+    assert len(columns.requests) == 3
+
+
+def test_the_worker_planner_feeds_it_and_a_new_residency_knob_restarts_it() -> None:
+    planner = HybridPlanner(ADAPTIVE, max_age_iterations=4, epoch="e")
+    for step in range(40):
+        planner(_late(10.0 + 0.1 * step, 0.6))
+    assert planner.residency.value_s > ADAPTIVE.min_residency_s
+    planner.knobs = dataclasses.replace(ADAPTIVE, alpha=2.0)  # residency unchanged: kept
+    assert planner.residency.value_s > ADAPTIVE.min_residency_s
+    planner.knobs = dataclasses.replace(ADAPTIVE, min_residency_s=0.3)
+    assert planner.residency.value_s == 0.3
+
+
+def test_the_control_plane_keeps_one_controller_per_worker_incarnation() -> None:
+    from control_plane.service import ControlPlane
+    from control_plane.settings import ControlPlaneSettings
+
+    plane = ControlPlane(ControlPlaneSettings(), redis=None)  # type: ignore[arg-type]
+    msg = dataclasses.make_dataclass("Msg", ["worker_id", "epoch"])
+    first = plane._residency_of(msg("w0", "e1"))  # type: ignore[arg-type]
+    assert plane._residency_of(msg("w0", "e1")) is first  # type: ignore[arg-type]
+    assert plane._residency_of(msg("w1", "e1")) is not first  # type: ignore[arg-type]
+    assert plane._residency_of(msg("w0", "e2")) is not first  # type: ignore[arg-type]
