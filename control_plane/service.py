@@ -2,8 +2,9 @@
 
 Snapshots arrive on one stream; only the newest per worker matters (older ones are skipped, so
 a slow control plane never falls behind). Plans go to each worker's plan stream. The knobs live
-in a Redis hash with a version and are reloaded when the version changes. The service keeps no
-state that a restart would lose: it resumes from the next snapshot.
+in a Redis hash with a version and are reloaded when the version changes; the last knobs and SLO
+classes it saw are written back when Redis loses them (:mod:`control_plane.keeper`). The service
+keeps no state that a restart would lose: it resumes from the next snapshot.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from typing import Any
 import structlog
 from redis.asyncio import Redis
 
+from control_plane.keeper import ConfigKeeper
 from control_plane.settings import ControlPlaneSettings
 from shared import streams
 from shared.costmodel import resolve_b_xfer_blocks
 from shared.knobs import read_knobs
 from shared.policy import ColumnarSnapshot, Knobs, make_plan
+from shared.policy.adaptive import ResidencyController, controlled_knobs
 from shared.policy.lvf import lvf_transitions
 from shared.protocol import RotationPlan, StateSnapshot, encode
 from shared.protocol.convert import columns_from_table, stream_messages
@@ -56,9 +59,18 @@ def resolve_b_xfer(knobs: Knobs, msg: StateSnapshot) -> int:
     )
 
 
-def plan_for(msg: StateSnapshot, knobs: Knobs, knobs_version: int) -> RotationPlan:
+def plan_for(
+    msg: StateSnapshot,
+    knobs: Knobs,
+    knobs_version: int,
+    residency: ResidencyController | None = None,
+) -> RotationPlan:
+    """The plan for one worker's snapshot; ``residency``: that worker's adaptive-residency
+    controller (LVF with ``adaptive_residency`` plans with its value)."""
     b_xfer = resolve_b_xfer(knobs, msg)
     snapshot = to_policy_snapshot(msg, b_xfer)
+    if residency is not None:
+        _, knobs = controlled_knobs(snapshot, knobs, residency)
     seqs = snapshot.requests.arrival_seq  # the handles plans name requests by
     if knobs.policy == "lvf":  # row indices straight to handles: no id, no batch chunks
         moves = lvf_transitions(snapshot, knobs, with_batch=False)
@@ -96,6 +108,9 @@ class ControlPlane:
         self.num_malformed = 0
         self._last_id: Any = "$"
         self._knobs_checked_s = 0.0
+        self.keeper = ConfigKeeper()
+        # Per worker: (its epoch, its adaptive-residency controller); restarted with the knobs.
+        self.residency: dict[str, tuple[str, ResidencyController]] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("control_plane_started")
@@ -130,7 +145,7 @@ class ControlPlane:
         writes = []
         for msg in snapshots:
             try:
-                plan = plan_for(msg, self.knobs, self.knobs_version)
+                plan = plan_for(msg, self.knobs, self.knobs_version, self._residency_of(msg))
             except (ValueError, KeyError, ArithmeticError) as exc:  # e.g. a huge count
                 self.num_malformed += 1
                 log.error("unplannable_snapshot", worker_id=msg.worker_id, error=str(exc))
@@ -143,6 +158,14 @@ class ControlPlane:
             self.num_plans += 1
         await asyncio.gather(*writes)
 
+    def _residency_of(self, msg: StateSnapshot) -> ResidencyController:
+        """The worker's controller; a new incarnation (epoch) starts a new one."""
+        epoch, controller = self.residency.get(msg.worker_id, ("", None))
+        if controller is None or epoch != msg.epoch:
+            controller = ResidencyController(value_s=self.knobs.min_residency_s)
+            self.residency[msg.worker_id] = (msg.epoch, controller)
+        return controller
+
     async def _heartbeat_and_knobs(self) -> None:
         now = time.monotonic()
         if now - self._knobs_checked_s < self.settings.knobs_poll_s:
@@ -151,6 +174,7 @@ class ControlPlane:
         await self.redis.set(
             streams.CONTROL_PLANE_HEARTBEAT_KEY, str(time.time()), ex=self.settings.heartbeat_ttl_s
         )
+        await self.keeper.check(self.redis)
         await self._reload_knobs()
 
     async def _reload_knobs(self, force: bool = False) -> None:
@@ -162,4 +186,5 @@ class ControlPlane:
         except ValueError as exc:  # written around the validating path: keep the old knobs
             log.error("invalid_knobs_in_redis", error=str(exc))
             return
+        self.residency.clear()  # an operator's new residency is every controller's start
         log.info("knobs_loaded", version=self.knobs_version, policy=self.knobs.policy)

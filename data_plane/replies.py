@@ -3,7 +3,9 @@ were sent (so a gateway drops what a redelivery repeats), one :class:`TokenOutpu
 reply stream and iteration, and the lifecycle fields waiting to be written. Batches whose write
 failed (Redis away or refusing writes for now) are sent again, first, with the next call (the
 worker calls even when idle): the gateway drops by index what it already has, so a Redis blip
-loses neither a token nor a finish."""
+loses neither a token nor a finish. A stream's batch goes out in messages of at most
+``MAX_OUTPUTS_PER_MESSAGE`` outputs (each within the decoders' limits, shared/protocol/limits.py);
+a rejected request's error output travels the same way (:meth:`Replies.reject`)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from redis.asyncio import Redis
 from data_plane.engine.request import RequestOutput
 from shared import streams
 from shared.protocol import TokenOutput, TokenOutputs, encode
+from shared.protocol.limits import MAX_ERROR_CHARS, MAX_OUTPUTS_PER_MESSAGE
 
 log = structlog.get_logger(__name__)
 
@@ -35,10 +38,30 @@ class Replies:
     def request_ids(self) -> list[str]:
         return list(self._reply)
 
+    def reply_streams(self) -> dict[str, str]:
+        """Request id -> reply stream, for every owned request."""
+        return {request_id: stream for request_id, (stream, _) in self._reply.items()}
+
     def admit(self, request_id: str, reply_stream: str, fields: dict[str, Any]) -> None:
         """The engine owns ``request_id`` now; its outputs go to ``reply_stream``."""
         self._reply[request_id] = (reply_stream, 0)
         self._lifecycle.append((request_id, fields))
+
+    def reject(self, reply_stream: str, output: TokenOutput) -> None:
+        """An output for a request the engine does not own (its refusal), sent with the next
+        call of :meth:`send` (and kept while Redis refuses it, as any batch)."""
+        self._unsent.setdefault(reply_stream, []).append(output)
+
+    def orphan(self, request_id: str) -> None:
+        """Forget ``request_id`` (aborted: its gateway is gone, nobody reads its outputs); its
+        lifecycle records the abort."""
+        if self._reply.pop(request_id, None) is not None:
+            fields = {"finished_s": time.time(), "finish_reason": "abort", "orphaned": 1}
+            self._lifecycle.append((request_id, fields))
+
+    def drop_stream(self, reply_stream: str) -> None:
+        """Forget the unsent outputs for ``reply_stream`` (its gateway is gone)."""
+        self._unsent.pop(reply_stream, None)
 
     def token_batches(self, outputs: list[RequestOutput]) -> dict[str, list[TokenOutput]]:
         """Each request's new tokens as a :class:`TokenOutput`, grouped by reply stream; a
@@ -49,7 +72,7 @@ class Replies:
             if stream is None:
                 continue
             reason = out.finish_reason.value if out.finish_reason else None
-            error = out.error if reason != "abort" else None
+            error = out.error[:MAX_ERROR_CHARS] if out.error and reason != "abort" else None
             msg = TokenOutput(
                 out.request_id,
                 sent,
@@ -99,25 +122,42 @@ class Replies:
         if not encoded and not self._lifecycle:
             return
         async with redis.pipeline(transaction=False) as pipe:
-            for stream, data in encoded.items():
-                pipe.xadd(stream, {"m": data}, maxlen=streams.MAXLEN_OUTPUTS, approximate=True)
+            for stream, messages in encoded.items():
+                for data in messages:
+                    pipe.xadd(stream, {"m": data}, maxlen=streams.MAXLEN_OUTPUTS, approximate=True)
             self.queue_lifecycle(pipe)
             results = await pipe.execute(raise_on_error=False)
-        self._unsent = _still_unsent(self._unsent, results)
+        counts = [len(messages) for messages in encoded.values()]
+        self._unsent = _still_unsent(self._unsent, _per_stream(results, counts))
 
 
 MAX_UNSENT_OUTPUTS = 65_536  # per reply stream, kept while Redis refuses writes
 
 
-def _encoded(batches: dict[str, list[TokenOutput]]) -> dict[str, bytes]:
-    """Each batch encoded; one that cannot be (a bug upstream) is dropped, logged."""
+def _encoded(batches: dict[str, list[TokenOutput]]) -> dict[str, list[bytes]]:
+    """Each batch encoded, in messages of at most ``MAX_OUTPUTS_PER_MESSAGE`` outputs; one
+    that cannot be (a bug upstream) is dropped, logged."""
     encoded = {}
+    step = MAX_OUTPUTS_PER_MESSAGE
     for stream, batch in batches.items():
         try:
-            encoded[stream] = encode(TokenOutputs(batch))
+            chunks = [batch[i : i + step] for i in range(0, len(batch), step)]
+            encoded[stream] = [encode(TokenOutputs(chunk)) for chunk in chunks]
         except (TypeError, ValueError) as exc:
             log.error("outputs_not_encodable", stream=stream, error=repr(exc))
     return encoded
+
+
+def _per_stream(results: list[Any], counts: list[int]) -> list[Any]:
+    """One result per stream from one per message: the first error among its messages (its
+    batch is then sent again whole: the gateway drops what it already has), else the last."""
+    merged, start = [], 0
+    for count in counts:
+        own = results[start : start + count]
+        errors = [r for r in own if isinstance(r, Exception)]
+        merged.append(errors[0] if errors else (own[-1] if own else None))
+        start += count
+    return merged
 
 
 def _still_unsent(

@@ -1,9 +1,11 @@
 """`superinfer data-plane`: the engine as an asyncio service on Redis streams.
 
-Each loop: take new requests from this worker's stream through its consumer group (XACK once
-the engine owns a request, so a crash before that leaves it pending for redelivery), take the
-newest plan, run one engine iteration in a thread, publish token outputs to each request's
-reply stream and the iteration's snapshot to the control plane.
+Each loop: take new requests from this worker's stream through its consumer group (pending
+ones of an earlier incarnation first; XACK and XDEL once the engine owns a request, so a crash
+before that leaves it pending for redelivery: :mod:`data_plane.intake`), abort the requests of
+gateways that stopped heartbeating (:mod:`data_plane.orphans`), take the newest plan, run one
+engine iteration in a thread, publish token outputs to each request's reply stream and the
+iteration's snapshot to the control plane.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from typing import Any
 
 import structlog
 from redis.asyncio import Redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from data_plane.engine.engine import Engine
 from data_plane.engine.request import FinishReason, RequestError, RequestOutput
-from data_plane.engine.sampling import SamplingParams
+from data_plane.intake import Intake, sampling_params
 from data_plane.kv.tiered import TieredKVCacheManager
+from data_plane.orphans import GatewayWatch, sweep_orphans
 from data_plane.planner import HybridPlanner
 from data_plane.replies import Replies
 from data_plane.reports import WorkerIdentity, state_snapshot, worker_status
@@ -34,17 +37,18 @@ from shared.model_source import model_display_name
 from shared.policy import ColumnarSnapshot, Knobs, Snapshot
 from shared.protocol import (
     AbortRequest,
+    Limits,
     ProtocolError,
     RotationPlan,
     StateSnapshot,
     SubmitRequest,
     TokenOutput,
-    TokenOutputs,
     WorkerStatus,
     decode,
     encode,
 )
 from shared.protocol.convert import stream_messages
+from shared.protocol.limits import MAX_ERROR_CHARS
 from shared.runtime import (
     collect_due_garbage,
     garbage_collected_between_iterations,
@@ -72,7 +76,9 @@ class Worker:
         knobs = Knobs(policy=settings.policy, b_xfer=settings.b_xfer)
         self.planner = HybridPlanner(knobs, settings.plan_max_age_iterations, self.epoch)
         engine.planner = self.planner
-        self.requests_stream = streams.worker_requests_stream(settings.worker_id)
+        self.intake = Intake(redis, settings.worker_id, settings.read_batch)
+        self.limits = Limits.for_prompts(engine.max_model_len)  # the largest legal request
+        self.gateways = GatewayWatch(settings.gateway_dead_s, settings.gateway_forget_s)
         self.plans_stream = streams.worker_plans_stream(settings.worker_id)
         self.replies = Replies()  # where each owned request's outputs go
         self._last_plan_id = "0-0"
@@ -88,8 +94,6 @@ class Worker:
         self._num_failed_steps = 0
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self._ensure_group()
-        await self._read_pending()
         log.info("worker_started", worker_id=self.settings.worker_id, epoch=self.epoch)
         self._status_cache = self._status(time.time())
         # Heartbeats run beside the loop: a long engine step (it runs in a thread) must not
@@ -103,6 +107,7 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
         with contextlib.suppress(RedisError):
+            await self.intake.ack()  # what a failed acknowledgement left
             if self.replies.has_pending:  # a last try for what a failed write left
                 await self.replies.send(self.redis, [])
             await self.redis.hdel(streams.WORKERS_KEY, self.settings.worker_id)
@@ -110,11 +115,13 @@ class Worker:
 
     async def _after_redis_error(self, exc: RedisError) -> None:
         if "NOGROUP" in str(exc) or "no longer exists" in str(exc):
-            await self._ensure_group()
+            await self.intake.ensure_group()
 
     async def _iterate(self) -> None:
         busy = self.engine.has_unfinished()  # idle: the read paces retries of a failed write
-        await self._read_requests(block_ms=None if busy else self.settings.idle_block_ms)
+        await self._take_requests(block_ms=None if busy else self.settings.idle_block_ms)
+        if self.gateways.unswept:
+            await sweep_orphans(self.gateways, self.engine, self.replies, self.redis)
         await self._read_plans()
         self._refresh_status()
         if self.engine.has_unfinished():
@@ -155,84 +162,55 @@ class Worker:
         )
         kv.b_xfer_blocks = max(1, budget)  # as a remote plan's is applied (_read_plans)
 
-    async def _ensure_group(self) -> None:
-        try:
-            await self.redis.xgroup_create(
-                self.requests_stream, streams.WORKER_GROUP, id="0", mkstream=True
-            )
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+    async def _take_requests(self, block_ms: int | None) -> None:
+        """One batch from the request stream, entry by entry (no Redis call in between: an
+        entry that fails, poisoned or hitting a bug, is logged and skipped, never the rest),
+        then the handled ones acknowledged and deleted (:class:`Intake`)."""
+        for entry_id, fields in await self.intake.read(block_ms):
+            try:
+                handled = self._accept(entry_id, fields)
+            except Exception as exc:  # a bug on one entry: logged, acknowledged, skipped
+                self.num_malformed += 1
+                log.exception("request_entry_failed", entry_id=entry_id, error=repr(exc))
+                handled = True
+            if handled:
+                self.intake.done(entry_id)
+        await self.intake.ack()
 
-    async def _read_pending(self) -> None:
-        """Every entry an earlier incarnation read but did not acknowledge, oldest first."""
-        after: Any = "0"
-        while True:
-            response: Any = await self.redis.xreadgroup(
-                streams.WORKER_GROUP,
-                self.settings.worker_id,
-                {self.requests_stream: after},
-                count=self.settings.read_batch,
-            )
-            entries = [e for _, stream_entries in response or [] for e in stream_entries]
-            if not entries:
-                return
-            for entry_id, fields in entries:
-                await self._accept(entry_id, fields or {})  # {}: deleted since (XDEL)
-            after = entries[-1][0]
-
-    async def _read_requests(self, block_ms: int | None = None) -> None:
-        response: Any = await self.redis.xreadgroup(
-            streams.WORKER_GROUP,
-            self.settings.worker_id,
-            {self.requests_stream: ">"},
-            count=self.settings.read_batch,
-            block=block_ms,
-        )
-        for _, entries in response or []:
-            for entry_id, fields in entries:
-                await self._accept(entry_id, fields or {})
-
-    async def _accept(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+    def _accept(self, entry_id: bytes, fields: dict[bytes, bytes]) -> bool:
+        """Handle one entry; False leaves it pending (a draining worker's next incarnation
+        takes it)."""
         if not fields:  # deleted while pending (a gateway moved the request elsewhere)
-            await self.redis.xack(self.requests_stream, streams.WORKER_GROUP, entry_id)
-            return
+            return True
         try:
-            msg: object = decode(fields.get(b"m", b""))
+            msg: object = decode(fields.get(b"m", b""), limits=self.limits)
         except ProtocolError as exc:
             self.num_malformed += 1
             log.error("malformed_request_message", entry_id=entry_id, error=str(exc))
-            await self.redis.xack(self.requests_stream, streams.WORKER_GROUP, entry_id)
-            return
+            return True
         if isinstance(msg, SubmitRequest):
             if self.draining:
                 log.info("request_left_pending_while_draining", request_id=msg.request_id)
-                return  # not acknowledged: redelivered to this worker's next incarnation
-            await self._submit(msg)
+                return False
+            self._submit(msg)
         elif isinstance(msg, AbortRequest):
             if self.engine.abort(msg.request_id):
                 log.info("request_aborted", request_id=msg.request_id)
         else:
             log.error("unexpected_message", entry_id=entry_id, type=type(msg).__name__)
-        await self.redis.xack(self.requests_stream, streams.WORKER_GROUP, entry_id)
+        return True
 
-    async def _submit(self, msg: SubmitRequest) -> None:
+    def _submit(self, msg: SubmitRequest) -> None:
         if msg.request_id in self.replies:
             return  # a redelivered duplicate of a request the engine already owns
+        if self.gateways.owns_dead(msg.reply_stream):
+            log.warning("request_of_dead_gateway_dropped", request_id=msg.request_id)
+            return
         try:
-            params = SamplingParams(
-                max_tokens=msg.max_tokens,
-                temperature=msg.temperature,
-                top_p=msg.top_p,
-                top_k=msg.top_k,
-                seed=msg.seed,
-                stop_token_ids=tuple(msg.stop_token_ids or ()),
-                ignore_eos=msg.ignore_eos,
-            )
             self.engine.add_request(
                 msg.request_id,
                 msg.prompt_token_ids,
-                params,
+                sampling_params(msg),
                 priority=msg.priority,
                 slo_ttft_s=msg.slo_ttft_s,
                 slo_tbt_s=msg.slo_tbt_s,
@@ -240,10 +218,11 @@ class Worker:
             )
         except (RequestError, ValueError) as exc:
             log.warning("request_rejected", request_id=msg.request_id, error=str(exc))
-            error = TokenOutput(msg.request_id, 0, [], "error", str(exc), error_kind="rejected")
-            await self._xadd(
-                msg.reply_stream, encode(TokenOutputs([error])), streams.MAXLEN_OUTPUTS
-            )
+            self._refuse(msg, str(exc), "rejected")
+            return
+        except Exception as exc:  # a bug: the client gets an error now, not a timeout
+            log.exception("request_admission_failed", request_id=msg.request_id)
+            self._refuse(msg, f"engine error: {exc!r}", "engine")
             return
         fields = {"worker_id": self.settings.worker_id, "admitted_s": time.time()}
         fields |= {"arrival_s": msg.t_arr_s, "slo_class": msg.slo_class or ""}
@@ -253,6 +232,14 @@ class Worker:
             request_id=msg.request_id,
             num_prompt_tokens=len(msg.prompt_token_ids),
         )
+
+    def _refuse(self, msg: SubmitRequest, reason: str, kind: str) -> None:
+        """An error output for ``msg``, sent with this iteration's outputs (and kept while
+        Redis refuses it, like any output)."""
+        error = TokenOutput(
+            msg.request_id, 0, [], "error", reason[:MAX_ERROR_CHARS], error_kind=kind
+        )
+        self.replies.reject(msg.reply_stream, error)
 
     async def _read_plans(self) -> None:
         response: Any = await self.redis.xread({self.plans_stream: self._last_plan_id}, count=64)
@@ -289,14 +276,15 @@ class Worker:
             self._status_cache = self._status(now)
 
     async def _heartbeat(self) -> None:
-        """Publish the latest status (with a fresh time) and pending lifecycle fields; reload
-        the knobs when their version changed."""
+        """Publish the latest status (with a fresh time) and pending lifecycle fields, watch
+        the gateways' heartbeats; reload the knobs when their version changed."""
         await asyncio.sleep(self.settings.heartbeat_interval_s)
         status = replace(self._status_cache, t_heartbeat_s=time.time(), accepting=not self.draining)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(streams.WORKERS_KEY, self.settings.worker_id, encode(status))
             self.replies.queue_lifecycle(pipe)
             await pipe.execute()
+        await self.gateways.poll(self.redis)
         try:
             knobs, version = await read_knobs(self.redis)
         except ValueError as exc:  # written around the validating path: keep ours

@@ -37,6 +37,10 @@ class WorkerSettings(BaseSettings):
     read_batch: int = 256  # requests taken from the stream per iteration
     idle_block_ms: int = 50
     heartbeat_interval_s: float = 0.5  # status for gateways (routing, readiness, metrics)
+    # A gateway whose heartbeat (superinfer:gateways) has not changed for this long, as this
+    # worker watched it, is dead: its requests here are aborted and its output stream deleted.
+    gateway_dead_s: float = Field(default=10.0, gt=0)
+    gateway_forget_s: float = 3600.0  # heartbeats older than this leave the hash
     health_port: int | None = None  # /health, /ready, /metrics on this port; None or 0: off
     health_host: str = "0.0.0.0"
     drain_timeout_s: float = 30.0  # on SIGTERM: finish the requests it owns for up to this long

@@ -10,6 +10,10 @@ KNOBS_KEY = f"{PREFIX}:knobs"
 SNAPSHOTS_STREAM = f"{PREFIX}:snapshots"
 # Hash worker id -> last heartbeat (unix seconds), for readiness and routing.
 WORKERS_KEY = f"{PREFIX}:workers"
+# Hash gateway id -> last heartbeat (unix seconds), written by each gateway's refresh loop. A
+# worker aborts the requests of a gateway whose heartbeat stopped changing and deletes its
+# output stream (data_plane/orphans.py); entries older than a worker's gateway_forget_s go.
+GATEWAYS_KEY = f"{PREFIX}:gateways"
 # Key the control plane refreshes (with a TTL) while it runs.
 CONTROL_PLANE_HEARTBEAT_KEY = f"{PREFIX}:control-plane:alive"
 # Consumer group of a worker on its own request stream.
@@ -31,7 +35,18 @@ def gateway_outputs_stream(gateway_id: str) -> str:
     return f"{PREFIX}:gateway:{gateway_id}:outputs"
 
 
-# Stream lengths are capped (approximate MAXLEN) so Redis memory stays bounded in long runs.
+def gateway_of_outputs_stream(stream: str) -> str | None:
+    """The gateway whose output stream ``stream`` is (None: not one of ours)."""
+    head, tail = f"{PREFIX}:gateway:", ":outputs"
+    if stream.startswith(head) and stream.endswith(tail) and len(stream) > len(head + tail):
+        return stream[len(head) : -len(tail)]
+    return None
+
+
+# Stream lengths are capped (approximate MAXLEN) so Redis memory stays bounded in long runs. A
+# worker deletes each request-stream entry once it acknowledged it (XACK, then XDEL), so that
+# stream holds only entries not yet read or still pending; its MAXLEN is a last resort that
+# admission (per-worker queue bounds) keeps from being reached.
 MAXLEN_REQUESTS = 100_000
 MAXLEN_PLANS = 1_000
 MAXLEN_SNAPSHOTS = 64  # only the newest per worker matters; a 4,096-request one is ~135 KB

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from shared.protocol.codec import SCHEMA_VERSION, ProtocolError, decode, encode
+from shared.protocol.limits import DEFAULT_LIMITS, Limits
 from shared.protocol.messages import (
     AbortRequest,
     RequestRow,
@@ -18,8 +19,10 @@ from shared.protocol.messages import (
 )
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "SCHEMA_VERSION",
     "AbortRequest",
+    "Limits",
     "ProtocolError",
     "RequestRow",
     "RequestTable",

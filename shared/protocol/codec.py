@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 import msgpack
 
+from shared.protocol.limits import DEFAULT_LIMITS, Limits, unpack
+
 SCHEMA_VERSION = 4  # 2: columnar RequestTable snapshots; 3: TokenOutput.error_kind;
 # 4: requests known by handle (arrival_seq) between worker and control plane, no id strings;
 # token outputs batched per reply stream and iteration (TokenOutputs)
@@ -66,12 +68,13 @@ def encode(msg: Any) -> bytes:
     return msgpack.packb({"v": SCHEMA_VERSION, "t": tag, "d": _to_wire(msg)}, use_bin_type=True)
 
 
-def decode(data: bytes, expected: type[T] | None = None) -> T:
-    """Decode ``data``; with ``expected`` the message must be of that type."""
+def decode(data: bytes, expected: type[T] | None = None, limits: Limits = DEFAULT_LIMITS) -> T:
+    """Decode ``data``; with ``expected`` the message must be of that type. A message past
+    ``limits`` (:mod:`shared.protocol.limits`) is a ProtocolError, raised within them."""
     try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        raw = unpack(data, limits)
     except Exception as exc:  # msgpack raises several exception types on garbage
-        raise ProtocolError(f"not msgpack: {exc}") from exc
+        raise ProtocolError(f"not msgpack within the limits: {exc!r}") from exc
     if not isinstance(raw, dict) or set(raw) != {"v", "t", "d"}:
         raise ProtocolError("envelope must be a map with keys v, t, d")
     if raw["v"] != SCHEMA_VERSION:

@@ -11,10 +11,12 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError, OutOfMemoryError, ReadOnlyError, ResponseError
 
 from data_plane.engine.request import FinishReason, RequestOutput
+from data_plane.orphans import GatewayWatch
 from data_plane.replies import MAX_UNSENT_OUTPUTS, Replies, _still_unsent
 from data_plane.service import Worker
 from shared import streams
-from shared.protocol import TokenOutput, TokenOutputs, decode
+from shared.protocol import DEFAULT_LIMITS, TokenOutput, TokenOutputs, decode
+from shared.protocol.limits import MAX_ERROR_CHARS, MAX_OUTPUTS_PER_MESSAGE
 
 GW_A = "superinfer:gateway:a:outputs"
 GW_B = "superinfer:gateway:b:outputs"
@@ -167,7 +169,8 @@ async def test_an_idle_worker_still_sends_what_a_failed_write_left(redis_client:
     async def nothing_new(block_ms: int | None = None) -> None:
         reads.append(block_ms)
 
-    worker._read_requests = nothing_new  # type: ignore[method-assign]
+    worker._take_requests = nothing_new  # type: ignore[method-assign]
+    worker.gateways = GatewayWatch(dead_s=10.0, forget_s=3600.0)
     worker._read_plans = nothing_new  # type: ignore[method-assign,assignment]
     worker._refresh_status = lambda: None  # type: ignore[method-assign]
     await worker._iterate()
@@ -176,3 +179,34 @@ async def test_an_idle_worker_still_sends_what_a_failed_write_left(redis_client:
     assert finish.finish_reason == "stop" and not worker.replies.has_pending
     assert reads[0] == 50  # idle, the read still blocks: retries of a refused write are paced
     await redis_client.delete(GW_A)
+
+
+async def test_a_large_batch_goes_out_in_messages_within_the_decoders_limits(
+    redis_client: Redis,
+) -> None:
+    replies = Replies()
+    num = 2 * MAX_OUTPUTS_PER_MESSAGE + 5
+    for i in range(num):
+        replies.admit(f"r{i}", GW_A, {"worker_id": "w0"})
+    failed = [
+        RequestOutput(f"r{i}", [], 0, FinishReason.ERROR, error="x" * 99_999) for i in range(num)
+    ]
+    await replies.send(redis_client, failed)  # e.g. every request failed by a broken engine
+    entries = await redis_client.xrange(GW_A)
+    batches = [decode(fields[b"m"], TokenOutputs, DEFAULT_LIMITS).outputs for _, fields in entries]
+    assert [len(b) for b in batches] == [MAX_OUTPUTS_PER_MESSAGE, MAX_OUTPUTS_PER_MESSAGE, 5]
+    assert {len(out.error or "") for batch in batches for out in batch} == {MAX_ERROR_CHARS}
+    await redis_client.delete(GW_A)
+
+
+async def test_a_refusal_and_an_orphan(redis_client: Redis) -> None:
+    replies = _replies()
+    replies.reject(GW_B, TokenOutput("no", 0, [], "error", "too long", error_kind="rejected"))
+    replies.orphan("r1")  # its gateway died: its outputs go nowhere
+    await replies.send(redis_client, [RequestOutput("r1", [], 0, FinishReason.ABORT)])
+    (entry,) = await redis_client.xrange(GW_B)
+    assert decode(entry[1][b"m"], TokenOutputs).outputs[0].error_kind == "rejected"
+    assert not await redis_client.exists(GW_A) and "r1" not in replies
+    lifecycle = await redis_client.hgetall(streams.request_lifecycle_key("r1"))
+    assert lifecycle[b"orphaned"] == b"1" and lifecycle[b"finish_reason"] == b"abort"
+    await redis_client.delete(GW_B)

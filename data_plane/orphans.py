@@ -1,0 +1,109 @@
+"""Requests whose gateway died: every gateway writes its heartbeat (unix seconds) into
+``superinfer:gateways`` from its refresh loop; a worker watches those values and calls a gateway
+dead once its value has not changed for ``gateway_dead_s`` of the worker's own watching. The
+worker then aborts the requests it owns for that gateway (nobody reads their tokens) and
+deletes the gateway's output stream (:meth:`data_plane.service.Worker._sweep_orphans`).
+
+Judging by change on the worker's monotonic clock, not by comparing the value with the
+worker's wall clock, keeps clock skew between hosts out of it; a gap in the worker's own
+watching (Redis away: nobody can beat then) restarts every gateway's count. A gateway that is
+not in the hash (a client writing to the bus itself, or one forgotten) is never called dead.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+from redis.asyncio import Redis
+
+from data_plane.engine.engine import Engine
+from data_plane.replies import Replies
+from shared import streams
+
+log = structlog.get_logger(__name__)
+
+
+class GatewayWatch:
+    def __init__(self, dead_s: float, forget_s: float) -> None:
+        self.dead_s = dead_s
+        self.forget_s = forget_s
+        self._seen: dict[str, tuple[bytes, float]] = {}  # gateway -> (beat, when it changed)
+        self._t_polled_s: float | None = None  # monotonic time of the last successful poll
+        self.dead: set[str] = set()  # until they beat again or leave the hash
+        self.unswept: set[str] = set()  # dead, their requests not yet aborted
+
+    async def poll(self, redis: Redis) -> None:
+        """Read the heartbeats and update :attr:`dead` (raises RedisError)."""
+        raw: Any = await redis.hgetall(streams.GATEWAYS_KEY)
+        self.observe({_text(k): v for k, v in raw.items()}, time.monotonic())
+        stale = [gw for gw, beat in self._beats(raw) if time.time() - beat > self.forget_s]
+        if stale:
+            await redis.hdel(streams.GATEWAYS_KEY, *stale)
+            log.info("gateways_forgotten", gateway_ids=stale)
+
+    def observe(self, beats: dict[str, bytes], now_s: float) -> None:
+        """One poll's heartbeats (gateway id -> value), seen at monotonic ``now_s``."""
+        gap = self._t_polled_s is None or now_s - self._t_polled_s > self.dead_s / 2
+        self._t_polled_s = now_s
+        for gateway_id, beat in beats.items():
+            seen = self._seen.get(gateway_id)
+            if seen is None or seen[0] != beat:
+                self._seen[gateway_id] = (beat, now_s)
+                if gateway_id in self.dead:
+                    log.warning("gateway_beats_again", gateway_id=gateway_id)
+                self.dead.discard(gateway_id)
+                self.unswept.discard(gateway_id)
+            elif gap:  # we were not watching: what we missed is no evidence of death
+                self._seen[gateway_id] = (beat, now_s)
+            elif now_s - seen[1] >= self.dead_s and gateway_id not in self.dead:
+                log.warning("gateway_dead", gateway_id=gateway_id, silent_s=now_s - seen[1])
+                self.dead.add(gateway_id)
+                self.unswept.add(gateway_id)
+        for gateway_id in set(self._seen) - set(beats):  # left the hash: unknown again
+            del self._seen[gateway_id]
+            self.dead.discard(gateway_id)
+            self.unswept.discard(gateway_id)
+
+    def owns_dead(self, reply_stream: str) -> bool:
+        """``reply_stream`` belongs to a gateway called dead."""
+        return streams.gateway_of_outputs_stream(reply_stream) in self.dead
+
+    @staticmethod
+    def _beats(raw: dict[bytes, bytes]) -> list[tuple[str, float]]:
+        beats = []
+        for key, value in raw.items():
+            try:
+                beats.append((_text(key), float(value)))
+            except ValueError:  # not written by a gateway: forgotten with the stale ones
+                beats.append((_text(key), 0.0))
+        return beats
+
+
+async def sweep_orphans(
+    watch: GatewayWatch, engine: Engine, replies: Replies, redis: Redis
+) -> None:
+    """Abort the requests of the gateways called dead, between engine steps, then delete their
+    output streams: after this worker's last write to them (an aborted request's outputs go
+    nowhere). Every worker deletes them once its own requests are aborted; a RedisError leaves
+    the gateways unswept, to try again."""
+    dead = set(watch.unswept)
+    orphans = [
+        request_id
+        for request_id, stream in replies.reply_streams().items()
+        if streams.gateway_of_outputs_stream(stream) in dead
+    ]
+    for request_id in orphans:
+        engine.abort(request_id)
+        replies.orphan(request_id)
+    outputs = [streams.gateway_outputs_stream(gateway_id) for gateway_id in dead]
+    for stream in outputs:
+        replies.drop_stream(stream)
+    await redis.delete(*outputs)
+    watch.unswept -= dead
+    log.warning("orphans_aborted", gateway_ids=sorted(dead), request_ids=orphans)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,100 @@
+"""Bounds on decoding one wire message, derived from the largest legal one, so that a corrupt or
+hostile message is a :class:`ProtocolError` that costs about what a legal message costs, never
+memory in proportion to what the bytes could expand to (msgpack builds a Python object of up to
+72 bytes for each input byte: a 2 MB message of empty arrays was 139 MB).
+
+- The whole message: ``max_bytes``, checked before anything is decoded.
+- One array: ``max_array_len`` elements; one string: ``max_str_len`` bytes; one binary:
+  ``max_bin_len``; one map: 3 entries (the envelope is the only map on the wire); no ext types.
+  msgpack checks each against the declared length before allocating it.
+- Everything decoded: ``max_items`` (array elements, arrays and maps, counted as each one
+  completes) for a message over ``COUNTED_ABOVE_BYTES``; a smaller one cannot expand far.
+
+What is left: msgpack preallocates up to 10,000 slots (80 KB) per nested array header before
+their elements arrive, 1,024 levels deep at most, so a nesting bomb of a few KB peaks at
+about 82 MB, transiently (freed when it fails); only a parser of our own would avoid that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+BYTES_PER_TOKEN = 5  # a token id < 2**32 packs in at most 5 bytes (uint32)
+OTHER_FIELDS_BYTES = 64 * 1024  # a message's fields beside its token list: ids, floats, ...
+OTHER_FIELDS_ITEMS = 1024
+MIN_TOKENS = 4096  # stop token ids and the like, even beside a short context
+COUNTED_ABOVE_BYTES = 64 * 1024  # below: at most ~4.6 MB of objects, not worth counting
+# The largest messages the default bounds admit: a TokenOutputs batch (Replies splits a reply
+# stream's batch at MAX_OUTPUTS_PER_MESSAGE, ~12 items and ~100 bytes plus its error text
+# each), a RotationPlan (its handle lists hold at most the worker's requests) and a
+# StateSnapshot (packed columns, ~33 bytes a request, 98 at the widest packing: 8 MiB is over
+# 85k requests).
+MAX_OUTPUTS_PER_MESSAGE = 1024
+MAX_ERROR_CHARS = 512  # a TokenOutput's error text is cut to this
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_bytes: int
+    max_array_len: int
+    max_items: int
+    max_str_len: int = 64 * 1024
+
+    @classmethod
+    def for_prompts(cls, max_model_len: int) -> Limits:
+        """A worker's request stream: a SubmitRequest with a prompt of up to ``max_model_len``
+        tokens is the largest legal message."""
+        tokens = max(max_model_len, MIN_TOKENS)
+        return cls(
+            max_bytes=tokens * BYTES_PER_TOKEN + OTHER_FIELDS_BYTES,
+            max_array_len=tokens,
+            max_items=2 * tokens + OTHER_FIELDS_ITEMS,
+        )
+
+
+# Every other stream and key: outputs, plans, snapshots, worker statuses.
+DEFAULT_LIMITS = Limits(max_bytes=8 * 1024 * 1024, max_array_len=65_536, max_items=131_072)
+
+
+class LimitExceeded(ValueError):
+    pass
+
+
+class _ItemBudget:
+    """Counts what msgpack built (as each array or map completes) and stops it past the
+    budget."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, max_items: int) -> None:
+        self.left = max_items
+
+    def spend(self, container: Any) -> Any:
+        self.left -= len(container) + 1
+        if self.left < 0:
+            raise LimitExceeded("more items than the largest legal message has")
+        return container
+
+
+def unpack(data: bytes, limits: Limits) -> Any:
+    """``data`` unpacked within ``limits``; ValueError (or msgpack's errors) when past them."""
+    if len(data) > limits.max_bytes:
+        raise LimitExceeded(f"{len(data)} bytes is over the limit of {limits.max_bytes}")
+    hooks: dict[str, Any] = {}
+    if len(data) > COUNTED_ABOVE_BYTES:
+        budget = _ItemBudget(limits.max_items)
+        hooks = {"list_hook": budget.spend, "object_hook": budget.spend}
+    return msgpack.unpackb(
+        data,
+        raw=False,
+        strict_map_key=True,
+        max_str_len=limits.max_str_len,
+        max_bin_len=limits.max_bytes,
+        max_array_len=limits.max_array_len,
+        max_map_len=3,
+        max_ext_len=0,
+        **hooks,
+    )

@@ -1,0 +1,121 @@
+"""Orphans: a worker aborts the requests of a gateway that stopped heartbeating within a few
+seconds (and deletes its output stream), while another gateway's requests go on; the watch
+judges by change on the worker's own clock, so a gap in its watching or a gateway that never
+beat kills nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+from redis.asyncio import Redis
+
+from data_plane.orphans import GatewayWatch
+from shared import streams
+from tests.data_plane.worker_support import (
+    RunningWorker,
+    finished_outputs,
+    push,
+    running_worker,
+    settings,
+    submit,
+)
+
+DEAD_S = 1.0
+DOOMED = streams.gateway_outputs_stream("doomed")
+LIVE = streams.gateway_outputs_stream("live")
+
+
+def test_a_gateway_is_dead_after_its_beat_stopped_changing_for_dead_s() -> None:
+    watch = GatewayWatch(dead_s=1.0, forget_s=3600.0)
+    watch.observe({"a": b"1", "b": b"1"}, 0.0)
+    for now in (0.4, 0.8):
+        watch.observe({"a": b"1", "b": str(now).encode()}, now)
+    assert not watch.dead
+    watch.observe({"a": b"1", "b": b"1.2"}, 1.2)
+    assert watch.dead == watch.unswept == {"a"}
+    assert watch.owns_dead("superinfer:gateway:a:outputs")
+    assert not watch.owns_dead("superinfer:gateway:b:outputs") and not watch.owns_dead("x")
+    watch.observe({"a": b"2", "b": b"1.2"}, 1.6)  # a beats again
+    assert not watch.dead and not watch.unswept
+
+
+def test_a_gap_in_watching_or_no_heartbeat_at_all_kills_nothing() -> None:
+    watch = GatewayWatch(dead_s=1.0, forget_s=3600.0)
+    watch.observe({"a": b"1"}, 0.0)
+    watch.observe({"a": b"1"}, 5.0)  # Redis was away for 5 s: nobody could beat
+    watch.observe({"a": b"1"}, 5.4)
+    assert not watch.dead  # counted again from 5.0
+    watch.observe({"a": b"1"}, 5.8)
+    watch.observe({"a": b"1"}, 6.1)
+    assert watch.dead == {"a"}
+    watch.observe({}, 6.2)  # gone from the hash (forgotten, or Redis lost it): unknown
+    assert not watch.dead and not watch.owns_dead("superinfer:gateway:a:outputs")
+
+
+async def test_stale_heartbeats_leave_the_hash(redis_client: Redis) -> None:
+    now = time.time()
+    await redis_client.hset(streams.GATEWAYS_KEY, mapping={"old": now - 7200, "new": now})
+    await GatewayWatch(dead_s=1.0, forget_s=3600.0).poll(redis_client)
+    assert await redis_client.hkeys(streams.GATEWAYS_KEY) == [b"new"]
+
+
+async def _beat(redis: Redis, gateway_id: str) -> None:
+    while True:  # a gateway's refresh loop, until it is killed (cancelled)
+        await redis.hset(streams.GATEWAYS_KEY, gateway_id, f"{time.time():.3f}")
+        await asyncio.sleep(0.1)
+
+
+async def _first_output(redis: Redis, stream: str) -> None:
+    deadline = time.monotonic() + 15
+    while not await redis.xlen(stream):
+        assert time.monotonic() < deadline, f"no output on {stream}"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_killed_gateways_requests_are_aborted_within_seconds(
+    redis_client: Redis, stories_path: Path
+) -> None:
+    beats = {g: asyncio.create_task(_beat(redis_client, g)) for g in ("doomed", "live")}
+    config = settings(stories_path, gateway_dead_s=DEAD_S, num_hbm_blocks=512)
+    try:
+        async with running_worker(config) as running:
+            await _kill_one_of_two_gateways(redis_client, running, beats["doomed"])
+    finally:
+        for task in beats.values():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _kill_one_of_two_gateways(
+    redis: Redis, running: RunningWorker, doomed_beat: asyncio.Task[None]
+) -> None:
+    real_step = running.worker.engine.step
+
+    def slow_step() -> list:
+        time.sleep(0.03)  # ~8 s for 250 tokens: far longer than the detection
+        return real_step()
+
+    running.worker.engine.step = slow_step  # type: ignore[method-assign]
+    doomed = {f"d{i}" for i in range(3)}
+    await push(redis, *(submit(r, 250, DOOMED) for r in sorted(doomed)))
+    await push(redis, submit("alive", 60, LIVE))
+    await _first_output(redis, DOOMED)  # they run
+    doomed_beat.cancel()  # kill -9: the doomed gateway beats no more
+    t_killed = time.monotonic()
+    while doomed & set(running.worker.replies.request_ids()):
+        assert time.monotonic() - t_killed < DEAD_S + 3, "orphans still running"
+        await asyncio.sleep(0.02)
+    aborted_after_s = time.monotonic() - t_killed
+    while await redis.exists(DOOMED):  # deleted after the worker's last write to it
+        assert time.monotonic() - t_killed < DEAD_S + 3, "output stream left behind"
+        await asyncio.sleep(0.02)
+    (alive,) = (await finished_outputs(redis, {"alive"}, 30, LIVE)).values()
+    assert alive.finish_reason == "length" and alive.error is None  # the live gateway's went on
+    lifecycle = await redis.hgetall(streams.request_lifecycle_key("d0"))
+    assert lifecycle[b"finish_reason"] == b"abort" and lifecycle[b"orphaned"] == b"1"
+    assert not running.worker.engine.has_unfinished()
+    print(f"orphans aborted {aborted_after_s:.2f} s after their gateway died (dead_s {DEAD_S})")
