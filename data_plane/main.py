@@ -138,10 +138,7 @@ class WorkerCollector(Collector):
             "LVF's minimum residency the worker plans with (adapted online unless pinned)",
             labels=labels,
         )
-        planner = worker.planner
-        knobs = planner.knobs
-        value_s = planner.residency.value_s if knobs.adaptive_residency else knobs.min_residency_s
-        residency.add_metric(wid, value_s)
+        residency.add_metric(wid, worker.planner.min_residency_s)
         yield residency
 
 

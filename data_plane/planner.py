@@ -40,6 +40,12 @@ class HybridPlanner:
             self.residency = ResidencyController(value_s=knobs.min_residency_s)
         self._knobs = knobs
 
+    @property
+    def min_residency_s(self) -> float:
+        """The residency LVF plans with here: the controller's, or the pinned knob."""
+        knobs = self._knobs
+        return self.residency.value_s if knobs.adaptive_residency else knobs.min_residency_s
+
     def offer(self, plan: RotationPlan) -> bool:
         """A plan arrived from the control plane; keep it if it is the newest of this
         incarnation. Returns whether it was kept."""

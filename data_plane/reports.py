@@ -75,6 +75,7 @@ def worker_status(
     plan_source: str,
     policy: str,
     accepting: bool,
+    lvf_min_residency_s: float | None = None,
 ) -> WorkerStatus:
     """The worker's health and load: queues, KV usage per tier, plan source, counters."""
     kv = engine.kv
@@ -100,6 +101,7 @@ def worker_status(
         plan_source=plan_source,
         policy=policy,
         accepting=accepting,
+        lvf_min_residency_s=lvf_min_residency_s,
         num_preemptions=engine.stats.num_preemptions,
         num_rotations_out=engine.stats.num_rotations_out,
         num_rotations_in=engine.stats.num_rotations_in,

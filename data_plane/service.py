@@ -307,6 +307,7 @@ class Worker:
             plan_source=self.planner.source,
             policy=self.planner.knobs.policy,
             accepting=not self.draining,
+            lvf_min_residency_s=self.planner.min_residency_s,
         )
 
     async def _publish(self, outputs: list[RequestOutput], iteration_time_s: float) -> None:

@@ -315,3 +315,6 @@ class WorkerStatus:
     bytes_h2d: int
     bytes_d2h: int
     accepting: bool  # False while draining: in-flight requests finish, no new ones come
+    # The minimum residency LVF plans with there (adapted online unless pinned); None: older
+    # workers.
+    lvf_min_residency_s: float | None = None

@@ -95,3 +95,15 @@ def test_the_control_plane_keeps_one_controller_per_worker_incarnation() -> None
     assert plane._residency_of(msg("w0", "e1")) is first  # type: ignore[arg-type]
     assert plane._residency_of(msg("w1", "e1")) is not first  # type: ignore[arg-type]
     assert plane._residency_of(msg("w0", "e2")) is not first  # type: ignore[arg-type]
+
+
+def test_operators_see_the_value_planned_with_and_can_pin_it() -> None:
+    planner = HybridPlanner(ADAPTIVE, max_age_iterations=4, epoch="e")
+    for step in range(40):
+        planner(_late(10.0 + 0.1 * step, 0.6))
+    assert planner.min_residency_s == planner.residency.value_s > ADAPTIVE.min_residency_s
+    pinned = dataclasses.replace(ADAPTIVE, adaptive_residency=False, min_residency_s=0.7)
+    planner.knobs = pinned
+    for step in range(40, 80):
+        planner(_late(10.0 + 0.1 * step, 0.6))
+    assert planner.min_residency_s == 0.7
