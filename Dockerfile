@@ -38,6 +38,7 @@ COPY shared ./shared
 COPY data_plane ./data_plane
 COPY control_plane ./control_plane
 COPY gateway ./gateway
+COPY lab ./lab
 # The project from this checkout; its dependencies as pyproject.toml bounds them.
 # hadolint ignore=DL3013
 RUN pip install ".${EXTRAS:+[${EXTRAS}]}" \

@@ -38,19 +38,19 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from data_plane.sim.setup import GIB, SimSetup  # noqa: E402
-from data_plane.sim.simulator import run_simulation  # noqa: E402
-from data_plane.sim.sweep import SweepJob, run_sweep  # noqa: E402
-from shared.costmodel import (  # noqa: E402
+from lab.costmodel import (  # noqa: E402
     CostProfile,
     kv_block_bytes,
     load_profile,
     profile_to_dict,
 )
+from lab.loadgen.cli import add_bench_arguments, run_bench  # noqa: E402
+from lab.loadgen.report import parse_prometheus  # noqa: E402
+from lab.sim.setup import GIB, SimSetup  # noqa: E402
+from lab.sim.simulator import run_simulation  # noqa: E402
+from lab.sim.sweep import SweepJob, run_sweep  # noqa: E402
+from lab.traces import load_trace  # noqa: E402
 from shared.policy import Knobs  # noqa: E402
-from shared.traces import load_trace  # noqa: E402
-from superinfer.loadgen_cli import add_bench_arguments, run_bench  # noqa: E402
-from superinfer.loadgen_report import parse_prometheus  # noqa: E402
 
 POLICIES = ("vllm", "lvf")
 ADMIN_TOKEN = "e2e-compare-admin"

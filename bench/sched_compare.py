@@ -1,5 +1,5 @@
 """Scheduling policies compared in virtual time: the real engine, KV managers and policies over
-every trace of the kit, with the cost model of each GPU (data_plane/sim).
+every trace of the kit, with the cost model of each GPU (lab/sim).
 
 What runs by default:
 
@@ -85,11 +85,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data_plane.sim.setup import GIB, ROTATING_POLICIES, SimSetup
-from data_plane.sim.sweep import SweepJob, run_sweep
-from shared.costmodel import load_profile
+from lab.costmodel import load_profile
+from lab.sim.setup import GIB, ROTATING_POLICIES, SimSetup
+from lab.sim.sweep import SweepJob, run_sweep
+from lab.traces import load_trace
 from shared.policy import Knobs
-from shared.traces import load_trace
 
 REPO = Path(__file__).resolve().parents[1]
 _KIT = os.environ.get("SUPERINFER_KIT")
@@ -673,7 +673,7 @@ def print_calibration(
 
 
 def _plots(out: Path, runs: Sequence[Run], workloads: Sequence[Workload]) -> None:
-    from data_plane.sim.plot import plot_attainment
+    from lab.sim.plot import plot_attainment
 
     policies = MAIN_POLICIES + PEER_POLICIES
     for w in workloads:

@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from control_plane.keeper import ConfigKeeper
 from control_plane.settings import ControlPlaneSettings
 from shared import streams
-from shared.costmodel import resolve_b_xfer_blocks
+from shared.b_xfer import resolve_b_xfer_blocks
 from shared.knobs import read_knobs
 from shared.policy import ColumnarSnapshot, Knobs, make_plan
 from shared.policy.adaptive import ResidencyController, controlled_knobs

@@ -31,7 +31,7 @@ from data_plane.replies import Replies
 from data_plane.reports import WorkerIdentity, state_snapshot, worker_status
 from data_plane.settings import WorkerSettings
 from shared import streams
-from shared.costmodel import resolve_b_xfer_blocks
+from shared.b_xfer import resolve_b_xfer_blocks
 from shared.knobs import read_knobs
 from shared.model_source import model_display_name
 from shared.policy import ColumnarSnapshot, Knobs, Snapshot

@@ -190,8 +190,8 @@ def _add_gateway_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_bench_parsers(sub: argparse._SubParsersAction) -> None:
-    from data_plane.profile import add_profile_arguments, run_profile
-    from superinfer.loadgen_cli import add_bench_arguments, run_bench_command
+    from lab.loadgen.cli import add_bench_arguments, run_bench_command
+    from lab.profile import add_profile_arguments, run_profile
 
     bench = sub.add_parser("bench", help="SLO load generator for an OpenAI-compatible server")
     add_bench_arguments(bench)
@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_generate)
     _add_service_parsers(sub)
     _add_gateway_parsers(sub)
-    from data_plane.sim.cli import add_simulate_arguments, run_simulate
+    from lab.sim.cli import add_simulate_arguments, run_simulate
 
     sim = sub.add_parser("simulate", help="policies on a trace in virtual time (cost model)")
     add_simulate_arguments(sim)

@@ -9,7 +9,7 @@ B_xfer is ``auto``: after every iteration, what one direction of the H200 profil
 in the iteration just measured. Requests arrive at their trace times (ShareGPT length stats,
 Poisson arrivals, lengths clipped to 6,144 + 1,024 tokens, greedy, EOS ignored); a run ends
 ``--drain`` seconds after the last arrival, unfinished requests count as misses
-(``shared.metrics``). The simulator's prediction for the same setup is printed beside each row
+(``lab.metrics``). The simulator's prediction for the same setup is printed beside each row
 (the h200-llama3-8b profile; it is not this engine's fitted profile).
 
 Chosen with the simulator: at 3 req/s the HBM pool binds for vllm (predicted TTFT attainment
@@ -49,10 +49,10 @@ from data_plane.kv.host_pool import allocate_host_pool, cuda_host_register  # no
 from data_plane.kv.manager import KVCacheManager  # noqa: E402
 from data_plane.kv.tiered import TieredKVCacheManager  # noqa: E402
 from data_plane.transfer import make_transfer_engine  # noqa: E402
-from shared.costmodel import auto_b_xfer_blocks, load_profile  # noqa: E402
-from shared.metrics import RequestTimeline, slo_fields, summarize  # noqa: E402
+from lab.costmodel import auto_b_xfer_blocks, load_profile  # noqa: E402
+from lab.metrics import RequestTimeline, slo_fields, summarize  # noqa: E402
+from lab.traces import TraceRequest, load_trace  # noqa: E402
 from shared.policy import Knobs, make_plan  # noqa: E402
-from shared.traces import TraceRequest, load_trace  # noqa: E402
 
 SHAREGPT = "sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
 BLOCK_SIZE = 16
@@ -191,8 +191,8 @@ def simulated(
     policy: str, rate: float, trace: list[TraceRequest], args: argparse.Namespace
 ) -> dict[str, Any]:
     """The simulator's row for the same trace, pools and SLOs (h200-llama3-8b profile)."""
-    from data_plane.sim.setup import SimSetup
-    from data_plane.sim.simulator import run_simulation
+    from lab.sim.setup import SimSetup
+    from lab.sim.simulator import run_simulation
 
     setup = SimSetup(load_profile("h200-llama3-8b"), args.hbm_kv_gib, args.dram_kv_gib, "auto",
                      args.max_num_batched_tokens, args.max_num_seqs)  # fmt: skip

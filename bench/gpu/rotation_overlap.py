@@ -12,7 +12,7 @@ copies so that none pile up. Per configuration, medians over the iterations of:
   ``overlap_frac`` (the share of the copy interval inside the compute interval) and
   ``exposed_ms`` (copy time after the compute ended).
 
-N per direction: ``auto`` = ``shared.costmodel.auto_b_xfer_blocks`` (what one direction of the
+N per direction: ``auto`` = ``lab.costmodel.auto_b_xfer_blocks`` (what one direction of the
 H200 profile's link moves during the compute-only step), and half and twice that. Writes
 ``$OUT/rotation_overlap.json``; last line ``RESULT rotation_overlap ratio_auto=..
 compute_ratio_auto=.. overlap_frac_auto=.. exposed_ms_auto=.. b_xfer_auto=.. iteration_ms=..
@@ -41,7 +41,7 @@ from bench.gpu.model_shapes import LLAMA3_8B, build_model, decode_items
 from data_plane.engine.model_runner import ModelRunner
 from data_plane.kv.geometry import KVGeometry
 from data_plane.transfer import BlockCopy, make_transfer_engine
-from shared.costmodel import auto_b_xfer_blocks, load_profile
+from lab.costmodel import auto_b_xfer_blocks, load_profile
 
 BLOCK_SIZE = 16
 

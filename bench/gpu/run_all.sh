@@ -57,11 +57,11 @@ gpu_tests() {
   return $rc
 }
 
-# `superinfer profile` (data_plane/profile.py) without the CLI's other imports, then its fit.
+# `superinfer profile` (lab/profile.py) without the CLI's other imports, then its fit.
 profile() {
   "$PY" - "$@" <<'EOF' || return $?
 import argparse, sys
-from data_plane.profile import add_profile_arguments, run_profile
+from lab.profile import add_profile_arguments, run_profile
 parser = argparse.ArgumentParser(prog="superinfer profile")
 add_profile_arguments(parser)
 sys.exit(run_profile(parser.parse_args(sys.argv[1:])))

@@ -14,7 +14,7 @@ from data_plane.service import Worker
 from data_plane.transfer.base import D2H, H2D, BlockCopy, LinkMeter, TransferEngine
 from data_plane.transfer.cpu import CpuTransferEngine
 from data_plane.transfer.naive import NaiveTransferEngine
-from shared.costmodel import b_xfer_blocks_at_rate, measured_b_xfer_blocks
+from shared.b_xfer import b_xfer_blocks_at_rate, measured_b_xfer_blocks
 from shared.policy import Knobs
 
 SHAPE = (4, 2, 16, 4, 64)  # (layers, K/V, block_size, kv_heads, head_dim): 128 KiB per block

@@ -13,7 +13,15 @@ import pytest
 from data_plane.engine.engine import Engine
 from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.tiered import TieredKVCacheManager
-from data_plane.sim import (
+from data_plane.transfer.base import BlockCopy
+from lab.costmodel import (
+    iteration_time_s,
+    load_profile,
+    plan_time_s,
+    prefill_attention_pairs,
+    transfer_time_s,
+)
+from lab.sim import (
     ROW_KEYS,
     DuplexLink,
     SimResult,
@@ -25,19 +33,11 @@ from data_plane.sim import (
     simulate,
     simulator,
 )
-from data_plane.sim.cli import add_simulate_arguments, run_simulate
-from data_plane.sim.setup import SimParts, build_parts
-from data_plane.transfer.base import BlockCopy
-from shared.costmodel import (
-    iteration_time_s,
-    load_profile,
-    plan_time_s,
-    prefill_attention_pairs,
-    transfer_time_s,
-)
+from lab.sim.cli import add_simulate_arguments, run_simulate
+from lab.sim.setup import SimParts, build_parts
+from lab.traces import TraceRequest, load_trace
 from shared.policy import PAPER_LVF, POLICY_NAMES, Knobs, Plan, Snapshot, columns_from_views
 from shared.policy.columns import FLOAT_FIELDS, INT_FIELDS
-from shared.traces import TraceRequest, load_trace
 from tests.data_plane.views import view_by_name
 
 H200 = load_profile("h200-llama3-8b")

@@ -1,10 +1,10 @@
-"""shared.metrics on scripted timelines with answers worked out by hand."""
+"""lab.metrics on scripted timelines with answers worked out by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.metrics import (
+from lab.metrics import (
     ROW_KEYS,
     RequestTimeline,
     latency_stats_ms,

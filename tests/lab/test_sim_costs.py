@@ -10,7 +10,16 @@ import pytest
 from data_plane.engine.model_runner import BatchItem
 from data_plane.engine.request import Request
 from data_plane.engine.sampling import SamplingParams
-from data_plane.sim import (
+from data_plane.transfer.base import BlockCopy
+from lab.costmodel import (
+    copy_interference_s,
+    iteration_time_s,
+    load_profile,
+    plan_time_s,
+    prefill_attention_pairs,
+    transfer_time_s,
+)
+from lab.sim import (
     DuplexLink,
     SimSetup,
     SimulatedExecutor,
@@ -19,16 +28,8 @@ from data_plane.sim import (
     run_simulation,
     simulator,
 )
-from data_plane.sim.setup import ChargedPlanner, SimParts, build_parts
-from data_plane.transfer.base import BlockCopy
-from shared.costmodel import (
-    copy_interference_s,
-    iteration_time_s,
-    load_profile,
-    plan_time_s,
-    prefill_attention_pairs,
-    transfer_time_s,
-)
+from lab.sim.setup import ChargedPlanner, SimParts, build_parts
+from lab.traces import TraceRequest, load_trace
 from shared.policy import (
     POLICY_NAMES,
     ColumnarSnapshot,
@@ -37,7 +38,6 @@ from shared.policy import (
     Snapshot,
     columnar_from_snapshot,
 )
-from shared.traces import TraceRequest, load_trace
 
 H200 = load_profile("h200-llama3-8b")
 MIB = 1 << 20

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared.traces import TraceRequest, arrivals, load_trace
+from lab.traces import TraceRequest, arrivals, load_trace
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 AZURE = TRACES / "AzureLLMInferenceTrace_code_2023.csv"

@@ -7,8 +7,8 @@ from typing import Protocol
 
 from data_plane.engine.engine import Executor
 from data_plane.engine.model_runner import BatchItem
-from data_plane.sim.clock import VirtualClock
-from shared.costmodel import CostProfile, copy_interference_s, iteration_time_s
+from lab.costmodel import CostProfile, copy_interference_s, iteration_time_s
+from lab.sim.clock import VirtualClock
 
 DUMMY_TOKEN = 3
 

@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from data_plane.sim.setup import SimSetup
-from data_plane.sim.simulator import ProgressFn
-from data_plane.sim.sweep import SweepJob, run_sweep
-from shared.costmodel import load_profile
+from lab.costmodel import load_profile
+from lab.sim.setup import SimSetup
+from lab.sim.simulator import ProgressFn
+from lab.sim.sweep import SweepJob, run_sweep
 from shared.policy import PAPER_LVF, POLICY_NAMES, Knobs
 
 _DEFAULTS = Knobs()
@@ -263,14 +263,14 @@ def run_simulate(args: argparse.Namespace) -> int:
     Path(args.json).write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
     print_table(rows)
     if args.plot:
-        from data_plane.sim.plot import plot_attainment
+        from lab.sim.plot import plot_attainment
 
         plot_attainment(rows, args.plot, title=f"{Path(args.trace).name} on {config['profile']}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m data_plane.sim.cli`` until superinfer/cli.py has the subcommand."""
+    """``python -m lab.sim.cli`` until superinfer/cli.py has the subcommand."""
     parser = argparse.ArgumentParser(prog="superinfer simulate", description=__doc__)
     add_simulate_arguments(parser)
     return run_simulate(parser.parse_args(argv))

@@ -1,5 +1,5 @@
-"""The fit behind `superinfer profile` (``data_plane/profile.py``): timed engine steps ->
-least-squares step costs -> a :class:`shared.costmodel.CostProfile` whose iteration time is the
+"""The fit behind `superinfer profile` (``lab/profile.py``): timed engine steps ->
+least-squares step costs -> a :class:`lab.costmodel.CostProfile` whose iteration time is the
 fit, with the model's real sizes where the fit leaves them free."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shared.costmodel import CostProfile
+from lab.costmodel import CostProfile
 
 _HUGE_RATE = 1e18  # a term the fit found free: a rate so high that it costs nothing
 
@@ -101,7 +101,7 @@ class ModelSizes:
 def build_profile(
     sizes: ModelSizes, fit: StepFit, link: tuple[float, float, float], how: str
 ) -> CostProfile:
-    """The fit in the profile's physical terms (``data_plane/profile.py``'s docstring): its
+    """The fit in the profile's physical terms (``lab/profile.py``'s docstring): its
     iteration time is the fitted step time; ``how`` names the run."""
     hbm_bw = sizes.kv_bytes_per_token / fit.context_token_s if fit.context_token_s > 0 else 0.0
     hbm_bw = hbm_bw or _HUGE_RATE

@@ -20,9 +20,7 @@ from typing import Any
 
 import httpx
 
-from shared.slo import DEFAULT_SLO_CLASSES
-from shared.traces import TraceRequest, load_trace
-from superinfer.loadgen import (
+from lab.loadgen.core import (
     ENDPOINT_PATHS,
     ClientSettings,
     PlannedRequest,
@@ -33,8 +31,8 @@ from superinfer.loadgen import (
     normalize_base_url,
     run_requests,
 )
-from superinfer.loadgen_prompts import PromptBuilder, load_bench_tokenizer, plan_requests
-from superinfer.loadgen_report import (
+from lab.loadgen.prompts import PromptBuilder, load_bench_tokenizer, plan_requests
+from lab.loadgen.report import (
     LiveStats,
     RowContext,
     Slos,
@@ -46,6 +44,8 @@ from superinfer.loadgen_report import (
     print_rows,
     server_counters,
 )
+from lab.traces import TraceRequest, load_trace
+from shared.slo import DEFAULT_SLO_CLASSES
 
 DEFAULT_SLO_CLASS = "standard"  # what the gateway judges a request without a class by
 NUM_PROMPTS_CHECKED = 3  # prompts whose length is verified with a full encode

@@ -1,10 +1,10 @@
-"""`superinfer profile`: fit a cost profile (``shared/costmodel.py``) of a model on this machine.
+"""`superinfer profile`: fit a cost profile (``lab/costmodel.py``) of a model on this machine.
 
 The real engine (model, paged KV, policy) runs a small grid of batches: single prompts of
 several lengths (prefill), then decode batches of several sizes at several context lengths.
 Every engine step is timed whole (planning and bookkeeping included, as a served iteration
 pays them) and described the way the simulator's executor describes it (prefill tokens, decode
-sequences, context tokens). The fit (``data_plane/profile_fit.py``: the median time of each
+sequences, context tokens). The fit (``lab/profile_fit.py``: the median time of each
 step shape, least squares of the relative error, coefficients >= 0, shapes far off dropped)::
 
     step_s = intercept + prefill_token_s * prefill_tokens + context_token_s * context_tokens
@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from data_plane.profile_fit import (
+from lab.costmodel import profile_to_dict
+from lab.profile_fit import (
     ModelSizes,
     StepSample,
     build_profile,
     fit_step_costs,
 )
-from shared.costmodel import profile_to_dict
 
 if TYPE_CHECKING:
     from data_plane.engine.engine import Engine, Executor
@@ -51,7 +51,7 @@ _LINK_BLOCKS = 256  # blocks copied each way to measure the KV link
 
 def batch_shape(items: list[BatchItem]) -> tuple[int, int, int]:
     """(prefill tokens, decode sequences, context tokens) of a batch, counted as
-    ``data_plane.sim.executor.SimulatedExecutor`` counts them."""
+    ``lab.sim.executor.SimulatedExecutor`` counts them."""
     prefill = decodes = context = 0
     for item in items:
         start = item.request.num_computed_tokens

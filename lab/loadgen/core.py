@@ -1,12 +1,12 @@
 """`superinfer bench`: an SLO load generator for any OpenAI-compatible endpoint.
 
-A trace (the same readers as ``superinfer simulate``: ``shared.traces.load_trace``) becomes a
-list of :class:`PlannedRequest` (``superinfer.loadgen_prompts``: arrival, prompt text of the
+A trace (the same readers as ``superinfer simulate``: ``lab.traces.load_trace``) becomes a
+list of :class:`PlannedRequest` (``lab.loadgen.prompts``: arrival, prompt text of the
 trace's input length in the served model's tokenizer, ``max_tokens`` = its output length, an SLO
 class); :func:`run_requests` replays it with httpx over SSE (``ignore_eos`` so outputs have the
 trace's length) and records what the client saw of every request (:class:`RequestRecord`).
-``superinfer.loadgen_report`` turns the records into result rows, tables and plots;
-``superinfer.loadgen_cli`` is the command (flags, server discovery, progress, outputs).
+``lab.loadgen.report`` turns the records into result rows, tables and plots;
+``lab.loadgen.cli`` is the command (flags, server discovery, progress, outputs).
 
 Times: every record's times are seconds from the run's start on this process's monotonic clock.
 TTFT counts from the moment the request is sent (after any ``--max-concurrency`` wait, as

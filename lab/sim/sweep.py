@@ -1,6 +1,6 @@
 """Many simulations (policies x rates x settings), optionally on several processes.
 
-Used by ``superinfer simulate`` (``data_plane/sim/cli.py``) and ``bench/sched_compare.py``.
+Used by ``superinfer simulate`` (``lab/sim/cli.py``) and ``bench/sched_compare.py``.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
-from data_plane.sim.setup import SimSetup
-from data_plane.sim.simulator import ProgressFn, SimResult, run_simulation
+from lab.sim.setup import SimSetup
+from lab.sim.simulator import ProgressFn, SimResult, run_simulation
+from lab.traces import TraceRequest, load_trace
 from shared.policy import Knobs
-from shared.traces import TraceRequest, load_trace
 
 
 @dataclass(frozen=True, slots=True)

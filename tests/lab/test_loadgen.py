@@ -13,12 +13,9 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.tokenizer import ByteTokenizer, load_tokenizer_bundle
-from shared.traces import TraceRequest
-from superinfer.cli import main as cli_main
-from superinfer.loadgen import RequestRecord, RunResult, apply_event
-from superinfer.loadgen_prompts import PromptBuilder, plan_requests
-from superinfer.loadgen_report import (
+from lab.loadgen.core import RequestRecord, RunResult, apply_event
+from lab.loadgen.prompts import PromptBuilder, plan_requests
+from lab.loadgen.report import (
     RowContext,
     Slos,
     attainment_windows,
@@ -29,6 +26,9 @@ from superinfer.loadgen_report import (
     server_counters,
     timeline,
 )
+from lab.traces import TraceRequest
+from shared.tokenizer import ByteTokenizer, load_tokenizer_bundle
+from superinfer.cli import main as cli_main
 from tests.served import Served, embedded_redis, serve
 
 SLOS: Slos = {"interactive": (1.0, 0.05), "standard": (5.0, 0.1)}

@@ -2,7 +2,7 @@
 
 A :class:`RequestTimeline` is what a client sees of one request: its arrival time, the time of
 every output token, and its SLOs (S_F for the first token, S_B between tokens). Used by the
-simulator (``data_plane/sim``) and the load generator (``superinfer bench``) alike; both write
+simulator (``lab/sim``) and the load generator (``superinfer bench``) alike; both write
 result rows whose first keys are :data:`ROW_KEYS`, the SLO part built by :func:`slo_fields`.
 Definitions (SUPERINFER.md §1, §7):
 

@@ -21,16 +21,16 @@ from dataclasses import dataclass
 from data_plane.engine.engine import Engine, Planner
 from data_plane.kv.manager import KVCacheManager
 from data_plane.kv.tiered import TieredKVCacheManager
-from data_plane.sim.clock import VirtualClock
-from data_plane.sim.executor import SimulatedExecutor
-from data_plane.sim.transfer import DuplexLink, SimulatedTransferEngine, naive_link
-from shared.costmodel import (
+from lab.costmodel import (
     CostProfile,
     auto_b_xfer_blocks,
     iteration_time_s,
     kv_block_bytes,
     plan_time_s,
 )
+from lab.sim.clock import VirtualClock
+from lab.sim.executor import SimulatedExecutor
+from lab.sim.transfer import DuplexLink, SimulatedTransferEngine, naive_link
 from shared.policy import ColumnarSnapshot, Knobs, Plan, Snapshot, make_plan
 from shared.policy.adaptive import ResidencyController, controlled_knobs
 

@@ -7,12 +7,12 @@ Nothing is faked above the executor and the transfer engine: :class:`Engine` pla
 the cost model. Every step first pays the policy's planning time on the virtual clock
 (``setup.ChargedPlanner``). Requests enter at their arrival times; when the engine has nothing
 to do the clock jumps to the next arrival. Every output token is stamped with the virtual time
-at the end of the iteration that produced it; ``shared.metrics`` turns those timelines into a row.
+at the end of the iteration that produced it; ``lab.metrics`` turns those timelines into a row.
 A run may stop at a virtual-time horizon (an overloaded or thrashing run can take very long to
 drain): requests not finished by then are aborted (their blocks come back) and count as
 unfinished (TPOT and goodput misses).
 
-The engine and its parts are put together by :func:`data_plane.sim.setup.build_parts`.
+The engine and its parts are put together by :func:`lab.sim.setup.build_parts`.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from typing import Any
 from data_plane.engine.request import RequestError
 from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.tiered import TieredKVCacheManager
-from data_plane.sim.setup import SimParts, SimSetup, build_parts
-from shared.costmodel import CostProfile, auto_b_xfer_blocks
-from shared.metrics import ROW_KEYS as ROW_KEYS  # the row's keys, shared with `superinfer bench`
-from shared.metrics import RequestTimeline, slo_fields, summarize
+from lab.costmodel import CostProfile, auto_b_xfer_blocks
+from lab.metrics import ROW_KEYS as ROW_KEYS  # the row's keys, shared with `superinfer bench`
+from lab.metrics import RequestTimeline, slo_fields, summarize
+from lab.sim.setup import SimParts, SimSetup, build_parts
+from lab.traces import TraceRequest
 from shared.policy import POLICY_NAMES, Knobs
-from shared.traces import TraceRequest
 
 STALL_TICK_S = 0.01  # idle step with nothing in flight and no arrival left: let time pass
 MAX_STALL_S = 60.0  # ... for this long, then the run is stuck (a policy that never schedules)

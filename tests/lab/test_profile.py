@@ -9,12 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from data_plane.profile import batch_shape
-from data_plane.profile_fit import StepSample, fit_step_costs
-from data_plane.sim import SimSetup, simulate
-from shared.costmodel import iteration_time_s, load_profile
+from lab.costmodel import iteration_time_s, load_profile
+from lab.profile import batch_shape
+from lab.profile_fit import StepSample, fit_step_costs
+from lab.sim import SimSetup, simulate
+from lab.traces import TraceRequest
 from shared.policy import Knobs
-from shared.traces import TraceRequest
 from superinfer.cli import main as cli_main
 
 

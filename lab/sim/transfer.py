@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from data_plane.sim.clock import VirtualClock
 from data_plane.transfer.base import BlockCopy, TransferEngine, TransferHandle, TransferStats
-from shared.costmodel import CostProfile, transfer_time_s
+from lab.costmodel import CostProfile, transfer_time_s
+from lab.sim.clock import VirtualClock
 
 KIB = 1024
 NAIVE_SEGMENT_ANCHOR_BYTES = 64 * KIB

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from data_plane.sim.clock import VirtualClock
-from data_plane.sim.executor import SimulatedExecutor
-from data_plane.sim.setup import SimParts, SimSetup, build_parts
-from data_plane.sim.simulator import (
+from lab.sim.clock import VirtualClock
+from lab.sim.executor import SimulatedExecutor
+from lab.sim.setup import SimParts, SimSetup, build_parts
+from lab.sim.simulator import (
     ROW_KEYS,
     SimResult,
     SimulationStuck,
     run_simulation,
     simulate,
 )
-from data_plane.sim.transfer import (
+from lab.sim.transfer import (
     DuplexLink,
     NaiveLink,
     SimulatedHandle,

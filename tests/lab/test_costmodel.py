@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.costmodel import (
+from lab.costmodel import (
     CostProfile,
     auto_b_xfer_blocks,
     builtin_profile_names,

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lab.loadgen.core import PlannedRequest, ServerInfo
+from lab.traces import TraceRequest
 from shared.tokenizer import (
     HFTokenizer,
     Llama2cTokenizer,
@@ -15,8 +17,6 @@ from shared.tokenizer import (
     TokenizerNotFoundError,
     load_tokenizer_bundle,
 )
-from shared.traces import TraceRequest
-from superinfer.loadgen import PlannedRequest, ServerInfo
 
 # fmt: off
 _WORDS = (

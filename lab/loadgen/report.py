@@ -1,11 +1,11 @@
 """`superinfer bench` results: rows, live attainment, server counters, tables and plots.
 
-A row has the keys of a ``superinfer simulate`` row (``shared.metrics.ROW_KEYS``, the SLO part
-from ``shared.metrics.summarize`` over the client's timelines) and then ``vllm bench serve``'s
+A row has the keys of a ``superinfer simulate`` row (``lab.metrics.ROW_KEYS``, the SLO part
+from ``lab.metrics.summarize`` over the client's timelines) and then ``vllm bench serve``'s
 names (``completed``, ``request_throughput``, ``mean_ttft_ms`` ... ``p99_e2el_ms``), the
 client's own lag, and ``slo_class`` (None in the run's row, the class in a per-class row).
 
-Definitions beyond shared.metrics: a request's timeline starts when it was sent and has one
+Definitions beyond lab.metrics: a request's timeline starts when it was sent and has one
 entry per output event (SSE chunk with text or a finish reason); TBT gaps are the gaps between
 events (vLLM's ITL). ``output_tokens_per_s`` and the vLLM throughputs count the server's usage
 tokens (events when it reports none). vLLM's TPOT is (last event - first event) / (tokens - 1).
@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from shared.metrics import (
+from lab.loadgen.core import RequestRecord, RunResult
+from lab.metrics import (
     RequestTimeline,
     latency_stats_ms,
     meets_ttft,
@@ -31,7 +32,6 @@ from shared.metrics import (
     summarize,
     tbt_gaps_s,
 )
-from superinfer.loadgen import RequestRecord, RunResult
 
 Slos = dict[str | None, tuple[float, float]]  # class (None: no class) -> (TTFT s, TBT s)
 GOODPUT_KEYS = ("ttft", "tpot", "e2el")

@@ -24,7 +24,7 @@ Two more costs the simulator charges with a profile's constants:
 - planning: each engine step first pays ``plan_fixed_s + plan_per_request_s * requests`` in
   the snapshot (:func:`plan_time_s`), the policy's planning time on the worker's CPU.
 
-Profiles are JSON files; the built-in ones live in ``shared/policy/profiles/<name>.json``. Every
+Profiles are JSON files; the built-in ones live in ``lab/profiles/<name>.json``. Every
 constant's origin is kept under ``"_sources"`` (``CostProfile.sources``).
 """
 
@@ -38,7 +38,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-_PROFILE_PACKAGE = "shared.policy"
+from shared.b_xfer import b_xfer_blocks_at_rate
+
+_PROFILE_PACKAGE = "lab"
 _PROFILE_DIR = "profiles"
 _SOURCES_KEY = "_sources"
 _COUNT_NAMES = (
@@ -202,47 +204,8 @@ def auto_b_xfer_blocks(profile: CostProfile, predicted_iteration_s: float, block
     return b_xfer_blocks_at_rate(rate, predicted_iteration_s, block_bytes)
 
 
-def b_xfer_blocks_at_rate(link_bytes_s: float, iteration_s: float, block_bytes: int) -> int:
-    """B_xfer: blocks a link direction at ``link_bytes_s`` moves in ``iteration_s`` seconds,
-    ``floor(link_bytes_s * iteration_s / block_bytes)``, at least 1."""
-    if not (math.isfinite(link_bytes_s) and link_bytes_s >= 0):
-        raise ValueError(f"link_bytes_s must be finite and >= 0, got {link_bytes_s}")
-    if not (math.isfinite(iteration_s) and iteration_s >= 0):
-        raise ValueError(f"iteration_s must be finite and >= 0, got {iteration_s}")
-    if block_bytes <= 0:
-        raise ValueError(f"block_bytes must be > 0, got {block_bytes}")
-    return max(1, math.floor(link_bytes_s * iteration_s / block_bytes))
-
-
-def measured_b_xfer_blocks(
-    link_bytes_per_s: float, iteration_s: float, block_bytes: int, current_blocks: int
-) -> int:
-    """``B_xfer=auto`` on a running worker: :func:`b_xfer_blocks_at_rate` of the link bandwidth
-    it measured and its last iteration time; ``current_blocks`` while nothing is measured
-    (``link_bytes_per_s`` 0) or ``block_bytes`` is unknown. The control plane and a worker
-    planning locally both use this, so they agree."""
-    if link_bytes_per_s <= 0 or block_bytes <= 0:
-        return current_blocks
-    return b_xfer_blocks_at_rate(link_bytes_per_s, iteration_s, block_bytes)
-
-
-def resolve_b_xfer_blocks(
-    knob: int | None,
-    link_bytes_per_s: float,
-    iteration_s: float,
-    block_bytes: int,
-    current_blocks: int,
-) -> int:
-    """The budget a worker runs with: the ``b_xfer`` knob when fixed, else (``auto``)
-    :func:`measured_b_xfer_blocks`. The control plane puts it in its plans and a worker
-    planning locally sets it itself, with this one function."""
-    if knob is not None:
-        return knob
-    return measured_b_xfer_blocks(link_bytes_per_s, iteration_s, block_bytes, current_blocks)
-
-
 def builtin_profile_names() -> list[str]:
-    """Names of the profiles shipped in ``shared/policy/profiles``."""
+    """Names of the profiles shipped in ``lab/profiles``."""
     folder = resources.files(_PROFILE_PACKAGE).joinpath(_PROFILE_DIR)
     if not folder.is_dir():
         return []
