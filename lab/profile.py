@@ -43,8 +43,8 @@ from lab.profile_fit import (
 )
 
 if TYPE_CHECKING:
-    from data_plane.engine.engine import Engine, Executor
-    from data_plane.engine.model_runner import BatchItem
+    from data_plane.engine.engine import Engine
+    from data_plane.engine.executor import BatchItem, Executor
 
 _LINK_BLOCKS = 256  # blocks copied each way to measure the KV link
 

@@ -117,3 +117,13 @@ def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
                         break
                 components.append(component)
     return components
+
+
+def test_the_engine_core_stands_without_torch() -> None:
+    """The loop, its queues, the executor contract and the sampling parameters import no torch
+    (the model runner, the sampler and the KV tensors do)."""
+    import subprocess
+    import sys
+
+    code = "import sys, data_plane.engine.engine; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

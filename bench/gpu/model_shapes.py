@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from data_plane.engine.model_runner import BatchItem
+from data_plane.engine.executor import BatchItem
 from data_plane.engine.request import Request
 from data_plane.engine.sampling import SamplingParams
 from data_plane.models.config import ModelConfig

@@ -40,8 +40,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.gpu.model_shapes import LLAMA3_8B, TINY, build_model  # noqa: E402
-from data_plane.engine.engine import Engine, Executor  # noqa: E402
-from data_plane.engine.model_runner import BatchItem, ModelRunner  # noqa: E402
+from data_plane.engine.engine import Engine  # noqa: E402
+from data_plane.engine.executor import BatchItem, Executor  # noqa: E402
+from data_plane.engine.model_runner import ModelRunner  # noqa: E402
 from data_plane.engine.request import RequestError  # noqa: E402
 from data_plane.engine.sampling import SamplingParams  # noqa: E402
 from data_plane.kv.geometry import KVGeometry  # noqa: E402

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from data_plane.engine.model_runner import BatchItem
+from data_plane.engine.executor import BatchItem, Executor
 from data_plane.engine.output import check_stop
 from data_plane.engine.queues import RequestQueue
 from data_plane.engine.request import FinishReason, Request, RequestError, RequestOutput
@@ -33,13 +33,6 @@ from shared.tokenizer import Tokenizer
 
 Planner = Callable[[Snapshot | ColumnarSnapshot], Plan]
 _new_view = tuple.__new__
-
-
-class Executor:
-    """Runs one batch and returns the sampled token per request that samples."""
-
-    def execute(self, items: list[BatchItem]) -> dict[str, int]:  # pragma: no cover
-        raise NotImplementedError
 
 
 @dataclass(slots=True)

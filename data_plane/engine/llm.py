@@ -8,8 +8,9 @@ import structlog
 import torch
 
 from data_plane.engine.config import EngineConfig
-from data_plane.engine.engine import Engine, Executor
-from data_plane.engine.model_runner import BatchItem, ModelRunner
+from data_plane.engine.engine import Engine
+from data_plane.engine.executor import ModelExecutor
+from data_plane.engine.model_runner import ModelRunner
 from data_plane.engine.request import FinishReason, RequestError
 from data_plane.engine.sampling import SamplingParams
 from data_plane.engine.sizing import size_hbm_pool, validate_max_model_len
@@ -39,15 +40,6 @@ class GenerationResult:
     error: str | None = None
 
 
-class _LocalExecutor(Executor):
-    def __init__(self, runner: ModelRunner, kv_cache_tensor: object) -> None:
-        self.runner = runner
-        self.kv_cache = kv_cache_tensor
-
-    def execute(self, items: list[BatchItem]) -> dict[str, int]:
-        return self.runner.execute(items, self.kv_cache)  # type: ignore[arg-type]
-
-
 def build_engine(loaded: LoadedModel, config: EngineConfig, knobs: Knobs | None = None) -> Engine:
     """An engine over ``loaded`` with a single HBM tier sized by ``config``."""
     knobs = knobs or Knobs()
@@ -74,7 +66,7 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, knobs: Knobs | None 
     kv_tensor = geometry.allocate(num_blocks, config.device)
     kv = build_kv_manager(geometry, kv_tensor, config, knobs)
     return Engine(
-        executor=_LocalExecutor(runner, kv_tensor),
+        executor=ModelExecutor(runner, kv_tensor),
         kv=kv,
         planner=lambda snapshot: make_plan(snapshot, knobs),
         max_num_batched_tokens=config.max_num_batched_tokens,

@@ -11,13 +11,14 @@ batch of decodes only runs as a CUDA graph (``cuda_graphs.py``; ``cuda_graphs=Fa
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 
 from data_plane.engine.cuda_graphs import DEFAULT_MAX_GRAPH_BATCH, DecodeGraphs
+from data_plane.engine.executor import BatchItem
 from data_plane.engine.request import Request
-from data_plane.engine.sampling import Sampler, SamplingRow
+from data_plane.engine.sampler import Sampler
+from data_plane.engine.sampling import SamplingRow
 from data_plane.models.attention import AttentionMetadata
 from data_plane.models.llama import LlamaModel
 from data_plane.models.triton_attention import (
@@ -28,13 +29,6 @@ from data_plane.models.triton_attention import (
 )
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
-
-
-@dataclass(slots=True)
-class BatchItem:
-    request: Request
-    num_tokens: int  # tokens computed this iteration
-    block_ids: list[int]  # the request's HBM block table, covering the new tokens
 
 
 def resolve_attention_backend(requested: str | None, device: torch.device) -> str:

@@ -17,7 +17,8 @@ import structlog
 import torch
 
 from data_plane.engine.config import EngineConfig
-from data_plane.engine.model_runner import BatchItem, ModelRunner
+from data_plane.engine.executor import BatchItem
+from data_plane.engine.model_runner import ModelRunner
 from data_plane.engine.request import Request
 from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.geometry import KVGeometry

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from data_plane.engine.engine import Executor
-from data_plane.engine.model_runner import BatchItem
+from data_plane.engine.executor import BatchItem, Executor
 from lab.costmodel import CostProfile, copy_interference_s, iteration_time_s
 from lab.sim.clock import VirtualClock
 

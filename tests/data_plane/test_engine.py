@@ -222,7 +222,8 @@ def test_tiny_temperatures_sample_greedily_instead_of_nan() -> None:
     the worker's step raised on every iteration)."""
     import torch
 
-    from data_plane.engine.sampling import Sampler, SamplingRow
+    from data_plane.engine.sampler import Sampler
+    from data_plane.engine.sampling import SamplingRow
 
     logits = torch.tensor([[1.0, 5.0, 2.0], [300.0, -300.0, 299.0]])
     rows = [SamplingRow(SamplingParams(temperature=t), 0) for t in (1e-300, 1e-6)]
