@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,9 +16,10 @@ from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 
 from data_plane.engine.config import EngineConfig
-from data_plane.engine.engine import Engine
-from data_plane.engine.llm import build_engine, warm_up
+from data_plane.engine.engine import Engine, Planner
+from data_plane.engine.llm import Serving, build_engine, warm_up
 from data_plane.models import load_model
+from data_plane.planner import HybridPlanner
 from data_plane.service import Worker
 from data_plane.settings import WorkerSettings
 from shared.health import redis_reachable, serve_health
@@ -27,8 +29,16 @@ from shared.policy import Knobs
 log = structlog.get_logger(__name__)
 
 
-def build_worker_engine(settings: WorkerSettings) -> tuple[Engine, int]:
-    """The engine for ``settings`` and its KV block size in bytes."""
+def build_worker(settings: WorkerSettings, redis: Redis) -> Worker:
+    """The worker for ``settings``: its planner, then its engine built once around it."""
+    knobs = Knobs(policy=settings.policy, b_xfer=settings.b_xfer)
+    planner = HybridPlanner(knobs, settings.plan_max_age_iterations, uuid.uuid4().hex[:12])
+    engine, block_bytes = build_worker_engine(settings, planner)
+    return Worker(settings, engine, planner, redis, block_bytes)
+
+
+def build_worker_engine(settings: WorkerSettings, planner: Planner) -> tuple[Engine, int]:
+    """The serving engine for ``settings`` around ``planner``, and its KV block in bytes."""
     if settings.tensor_parallel_size != 1:
         raise ValueError(
             f"--tensor-parallel-size {settings.tensor_parallel_size}: a worker serves one "
@@ -53,7 +63,7 @@ def build_worker_engine(settings: WorkerSettings) -> tuple[Engine, int]:
         device=settings.device,
     )
     log.info("sizing_kv_and_pinning_host_pool", dram_kv_gib=config.dram_kv_gib)
-    engine = build_engine(loaded, config, Knobs(policy=settings.policy, b_xfer=settings.b_xfer))
+    engine = build_engine(loaded, config, serving=Serving(planner))
     log.info("warming_up")
     warm_up(engine)
     return engine, loaded.config.kv_bytes_per_token * settings.block_size
@@ -198,14 +208,14 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
 
     try:
         async with serve_health(settings.health_port, ready, registry, settings.health_host):
-            engine, block_bytes = await asyncio.to_thread(build_worker_engine, settings)
+            worker = await asyncio.to_thread(build_worker, settings, redis)
             try:
                 await _wait_for_redis(redis, stop)
                 if stop.is_set():
                     return
-                state.worker = Worker(settings, engine, redis, block_bytes)
-                await _run_and_drain(state.worker, state, stop, settings.drain_timeout_s)
+                state.worker = worker
+                await _run_and_drain(worker, state, stop, settings.drain_timeout_s)
             finally:
-                engine.close()
+                worker.engine.close()
     finally:
         await redis.aclose()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from dataclasses import replace
 from typing import Any
 
@@ -34,7 +33,7 @@ from shared import streams
 from shared.b_xfer import resolve_b_xfer_blocks
 from shared.knobs import read_knobs
 from shared.model_source import model_display_name
-from shared.policy import ColumnarSnapshot, Knobs, Snapshot
+from shared.policy import ColumnarSnapshot, Snapshot
 from shared.protocol import (
     AbortRequest,
     Limits,
@@ -61,21 +60,22 @@ MAX_FAILED_STEPS = 3  # consecutive engine steps that raised before every reques
 
 class Worker:
     def __init__(
-        self, settings: WorkerSettings, engine: Engine, redis: Redis, block_bytes: int
+        self,
+        settings: WorkerSettings,
+        engine: Engine,
+        planner: HybridPlanner,
+        redis: Redis,
+        block_bytes: int,
     ) -> None:
+        """``engine``: built around ``planner`` for serving (``data_plane.main.build_worker``:
+        columnar snapshots kept for the wire, unix-second clock, no tokenizer)."""
         self.settings = settings
         self.engine = engine
-        engine.keep_columns = True  # the wire snapshot, from the queues' cached columns
-        engine.columnar = True  # the planner (LVF, fitting remote plans) works on columns
+        self.planner = planner
         self.redis = redis
         self.block_bytes = block_bytes
-        self.epoch = uuid.uuid4().hex[:12]
+        self.epoch = planner.epoch
         self.model_name = model_display_name(settings.model)
-        engine.clock = time.time  # the wire's times (t_arr_s, ...) are unix seconds
-        engine.tokenizer = None  # text (detokenizing, stop strings) is the gateway's job
-        knobs = Knobs(policy=settings.policy, b_xfer=settings.b_xfer)
-        self.planner = HybridPlanner(knobs, settings.plan_max_age_iterations, self.epoch)
-        engine.planner = self.planner
         self.intake = Intake(redis, settings.worker_id, settings.read_batch)
         self.limits = Limits.for_prompts(engine.max_model_len)  # the largest legal request
         self.gateways = GatewayWatch(settings.gateway_dead_s, settings.gateway_forget_s)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
 import torch
 
 from data_plane.engine.config import EngineConfig
-from data_plane.engine.engine import Engine
+from data_plane.engine.engine import Engine, Planner
 from data_plane.engine.executor import ModelExecutor
 from data_plane.engine.model_runner import ModelRunner
 from data_plane.engine.request import FinishReason, RequestError
@@ -40,8 +42,25 @@ class GenerationResult:
     error: str | None = None
 
 
-def build_engine(loaded: LoadedModel, config: EngineConfig, knobs: Knobs | None = None) -> Engine:
-    """An engine over ``loaded`` with a single HBM tier sized by ``config``."""
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """How a serving worker's engine differs from an offline one, fixed at construction: its
+    planner (the worker's hybrid local/remote planner), unix-second clock (the wire's times),
+    columnar snapshots kept for the wire, and no tokenizer (text is the gateway's job)."""
+
+    planner: Planner
+    clock: Callable[[], float] = time.time
+
+
+def build_engine(
+    loaded: LoadedModel,
+    config: EngineConfig,
+    knobs: Knobs | None = None,
+    serving: Serving | None = None,
+) -> Engine:
+    """An engine over ``loaded`` with its KV tiers sized by ``config``: offline (the policy of
+    ``knobs`` planned in process, the model's tokenizer) or, with ``serving``, wired for the
+    worker once and for all."""
     knobs = knobs or Knobs()
     model_cfg = loaded.config
     geometry = KVGeometry(
@@ -68,13 +87,16 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, knobs: Knobs | None 
     return Engine(
         executor=ModelExecutor(runner, kv_tensor),
         kv=kv,
-        planner=lambda snapshot: make_plan(snapshot, knobs),
+        planner=serving.planner if serving else lambda snapshot: make_plan(snapshot, knobs),
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs,
         max_model_len=max_model_len,
         eos_token_ids=model_cfg.eos_token_ids,
-        tokenizer=loaded.tokenizer,
+        tokenizer=None if serving else loaded.tokenizer,
+        clock=serving.clock if serving else time.monotonic,
         vocab_size=model_cfg.vocab_size,
+        columnar=serving is not None,  # the worker's planner works on columns
+        keep_columns=serving is not None,  # the wire snapshot, from the queues' columns
     )
 
 

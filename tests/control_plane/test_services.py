@@ -16,9 +16,8 @@ from control_plane.settings import ControlPlaneSettings
 from data_plane.engine.config import EngineConfig
 from data_plane.engine.llm import build_engine, generate
 from data_plane.engine.sampling import SamplingParams
-from data_plane.main import build_worker_engine
+from data_plane.main import build_worker
 from data_plane.models import load_model
-from data_plane.service import Worker
 from data_plane.settings import WorkerSettings
 from shared import streams
 from shared.knobs import write_knobs
@@ -91,8 +90,7 @@ class Services:
         self.redis = redis  # the test's own client; each service gets its own, as processes do
         self.worker_redis = Redis.from_url(redis_url())
         self.cp_redis: Redis | None = None
-        engine, block_bytes = build_worker_engine(settings)
-        self.worker = Worker(settings, engine, self.worker_redis, block_bytes)
+        self.worker = build_worker(settings, self.worker_redis)
         self.worker_stop = asyncio.Event()
         self.worker_task = asyncio.create_task(self.worker.run(self.worker_stop))
         self.cp: ControlPlane | None = None

@@ -18,6 +18,7 @@ from data_plane.engine.sizing import (
 from data_plane.main import build_worker_engine, host_tier_gib
 from data_plane.models import load_model
 from data_plane.settings import WorkerSettings
+from shared.policy import Knobs, make_plan
 
 
 @pytest.fixture(scope="module")
@@ -86,4 +87,5 @@ def test_swap_space_is_the_host_tier() -> None:
 
 def test_tensor_parallel_other_than_one_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="tensor-parallel-size 2"):
-        build_worker_engine(WorkerSettings(model="tiny-random", tensor_parallel_size=2))
+        settings = WorkerSettings(model="tiny-random", tensor_parallel_size=2)
+        build_worker_engine(settings, planner=lambda snapshot: make_plan(snapshot, Knobs()))

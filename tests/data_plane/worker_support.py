@@ -12,8 +12,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from data_plane.main import build_worker_engine
-from data_plane.service import Worker
+from data_plane.main import build_worker
 from data_plane.settings import WorkerSettings
 from shared import streams
 from shared.protocol import SubmitRequest, TokenOutput, TokenOutputs, decode, encode
@@ -64,9 +63,8 @@ class RunningWorker:
     """The worker on its own client (``redis_class`` may inject faults), until :meth:`stop`."""
 
     def __init__(self, config: WorkerSettings, redis_class: type[Redis] = Redis) -> None:
-        engine, block_bytes = build_worker_engine(config)
         self.redis = redis_class.from_url(config.redis_url)
-        self.worker = Worker(config, engine, self.redis, block_bytes)
+        self.worker = build_worker(config, self.redis)
         self._stop = asyncio.Event()
         self.task = asyncio.create_task(self.worker.run(self._stop))
         self.stopped = False
