@@ -21,9 +21,8 @@ from control_plane.settings import ControlPlaneSettings
 from shared import streams
 from shared.b_xfer import resolve_b_xfer_blocks
 from shared.knobs import read_knobs
-from shared.policy import ColumnarSnapshot, Knobs, make_plan
+from shared.policy import ColumnarSnapshot, Knobs, plan_handles
 from shared.policy.adaptive import ResidencyController, controlled_knobs
-from shared.policy.lvf import lvf_transitions
 from shared.protocol import RotationPlan, StateSnapshot, encode
 from shared.protocol.convert import columns_from_table, stream_messages
 from shared.runtime import (
@@ -71,28 +70,18 @@ def plan_for(
     snapshot = to_policy_snapshot(msg, b_xfer)
     if residency is not None:
         _, knobs = controlled_knobs(snapshot, knobs, residency)
-    seqs = snapshot.requests.arrival_seq  # the handles plans name requests by
-    if knobs.policy == "lvf":  # row indices straight to handles: no id, no batch chunks
-        moves = lvf_transitions(snapshot, knobs, with_batch=False)
-        transitions = (moves.admit, moves.resume, moves.rotate_out, moves.preempt)
-        admit, resume, rotate_out, preempt = (seqs[rows].tolist() for rows in transitions)
-        fcfs_fallback = moves.fcfs_fallback
-    else:  # a view-walking policy: its ids are the handles in decimal (HandleIds)
-        plan = make_plan(snapshot, knobs)
-        ids = (plan.admit_ids, plan.resume_ids, plan.rotate_out_ids, plan.preempt_ids)
-        admit, resume, rotate_out, preempt = ([int(i) for i in group] for group in ids)
-        fcfs_fallback = plan.fcfs_fallback
+    moves = plan_handles(snapshot, knobs)
     return RotationPlan(
         worker_id=msg.worker_id,
         epoch=msg.epoch,
         snapshot_iteration=msg.iteration,
         knobs_version=knobs_version,
         policy=knobs.policy,
-        admit_seqs=admit,
-        resume_seqs=resume,
-        rotate_out_seqs=rotate_out,
-        preempt_seqs=preempt,
-        fcfs_fallback=fcfs_fallback,
+        admit_seqs=moves.admit,
+        resume_seqs=moves.resume,
+        rotate_out_seqs=moves.rotate_out,
+        preempt_seqs=moves.preempt,
+        fcfs_fallback=moves.fcfs_fallback,
         t_planned_s=time.time(),
         b_xfer_blocks=b_xfer,
     )

@@ -127,3 +127,17 @@ def test_the_engine_core_stands_without_torch() -> None:
 
     code = "import sys, data_plane.engine.engine; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_services_reach_the_policies_through_one_door() -> None:
+    """Services plan through ``shared.policy``'s registry (make_plan / plan_handles), never
+    a policy module of their own choosing."""
+    policies = {"shared.policy.lvf", "shared.policy.vllm", "shared.policy.joining"}
+    wrong = []
+    for name, path in _modules().items():
+        if name.split(".")[0] not in SERVICES:
+            continue
+        for target in _imports(ast.parse(path.read_text()), top_level_only=False):
+            if target in policies or any(target.startswith(p + ".") for p in policies):
+                wrong.append(f"{name} imports {target}")
+    assert not wrong, "\n".join(sorted(set(wrong)))

@@ -8,7 +8,7 @@ from shared.policy.columns import (
     columnar_from_snapshot,
     columns_from_views,
 )
-from shared.policy.registry import POLICY_NAMES, make_plan
+from shared.policy.registry import POLICY_NAMES, PlanHandles, make_plan, plan_handles
 from shared.policy.routing import kv_usage, predicted_lag_s
 from shared.policy.types import (
     PAPER_LVF,
@@ -27,6 +27,7 @@ __all__ = [
     "ColumnarSnapshot",
     "Knobs",
     "Plan",
+    "PlanHandles",
     "RequestColumns",
     "RequestState",
     "RequestView",
@@ -36,6 +37,7 @@ __all__ = [
     "columns_from_views",
     "kv_usage",
     "make_plan",
+    "plan_handles",
     "predicted_lag_s",
     "vlt",
 ]

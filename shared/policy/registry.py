@@ -1,9 +1,14 @@
-"""The policies by name: ``make_plan(snapshot, knobs)`` dispatches on ``knobs.policy``."""
+"""The one door to the policies, by name (``knobs.policy``): :func:`make_plan` gives a plan
+with the batch (the worker planning locally, the simulator); :func:`plan_handles` gives only
+the transitions, named by each request's handle (its ``arrival_seq``): what the control plane
+sends (the worker fits them to its own state and packs the batch itself)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from shared.policy.columns import ColumnarSnapshot, snapshot_from_columnar
-from shared.policy.lvf import lvf
+from shared.policy.lvf import lvf, lvf_transitions
 from shared.policy.types import Knobs, Plan, RequestView, Snapshot
 from shared.policy.vllm import priority_key, vllm
 
@@ -33,3 +38,31 @@ def make_plan(snapshot: Snapshot | ColumnarSnapshot, knobs: Knobs) -> Plan:
 
         return vllm(snapshot, order_key=deadline_key, swap=True)
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
+
+
+class PlanHandles(NamedTuple):
+    """A plan's transitions as request handles (``arrival_seq``), without the batch."""
+
+    admit: list[int]
+    resume: list[int]
+    rotate_out: list[int]
+    preempt: list[int]
+    fcfs_fallback: bool
+
+
+def plan_handles(snapshot: ColumnarSnapshot, knobs: Knobs) -> PlanHandles:
+    """The transitions of ``knobs.policy``'s plan for ``snapshot``, as handles. LVF goes from
+    row indices straight to handles (no ids, no batch chunks); a view-walking policy's ids are
+    mapped to their rows' handles."""
+    if knobs.policy == "lvf":
+        seqs = snapshot.requests.arrival_seq
+        moves = lvf_transitions(snapshot, knobs, with_batch=False)
+        rows = (moves.admit, moves.resume, moves.rotate_out, moves.preempt)
+        admit, resume, rotate_out, preempt = (seqs[r].tolist() for r in rows)
+        return PlanHandles(admit, resume, rotate_out, preempt, moves.fcfs_fallback)
+    plan = make_plan(snapshot, knobs)
+    columns = snapshot.requests
+    seq_of = dict(zip(columns.request_ids, columns.arrival_seq.tolist(), strict=True))
+    groups = (plan.admit_ids, plan.resume_ids, plan.rotate_out_ids, plan.preempt_ids)
+    admit, resume, rotate_out, preempt = ([seq_of[i] for i in group] for group in groups)
+    return PlanHandles(admit, resume, rotate_out, preempt, plan.fcfs_fallback)

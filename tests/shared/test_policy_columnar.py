@@ -4,6 +4,7 @@ one-request-at-a-time counterparts."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import replace
@@ -300,3 +301,26 @@ def test_handle_ids_name_requests_by_arrival_seq() -> None:
     ids = ["a", "", "ünï", "req-42"]
     assert pick_ids(ids, np.array([3, 0])) == ["req-42", "a"]
     assert pick_ids(ids, np.array([2])) == ["ünï"]
+
+
+@pytest.mark.parametrize("policy", ["lvf", "vllm", "edf"])
+def test_plan_handles_are_the_plans_transitions(policy: str) -> None:
+    """The control plane's door gives make_plan's transitions, named by arrival_seq."""
+    from shared.policy import plan_handles
+
+    for seed in range(20):
+        views, knobs = random_snapshot(seed)
+        snapshot = columnar_from_snapshot(views)
+        knobs = dataclasses.replace(knobs, policy=policy)
+        plan = make_plan(snapshot, knobs)
+        handles = plan_handles(snapshot, knobs)
+        columns = snapshot.requests
+        seq_of = dict(zip(columns.request_ids, columns.arrival_seq.tolist(), strict=True))
+        for ids, got in (
+            (plan.admit_ids, handles.admit),
+            (plan.resume_ids, handles.resume),
+            (plan.rotate_out_ids, handles.rotate_out),
+            (plan.preempt_ids, handles.preempt),
+        ):
+            assert sorted(seq_of[i] for i in ids) == sorted(got)
+        assert handles.fcfs_fallback == plan.fcfs_fallback
