@@ -1,5 +1,7 @@
 """`/admin/v1`: SLO knobs and classes (validated: a bad value is a 422 and nothing changes),
-workers, one request's lifecycle, API keys. Every route needs the admin bearer token."""
+workers, one request's lifecycle, API keys (a tenant, an SLO class that is the key's ceiling, a
+``min_priority``: the lowest priority value its requests may ask for, 0 by default). Every
+route needs the admin bearer token."""
 
 from __future__ import annotations
 
@@ -92,12 +94,22 @@ async def get_request(request_id: str, request: Request) -> dict[str, Any]:
 async def post_api_key(request: Request, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
     state = _state(request)
     tenant, slo_class = body.get("tenant"), body.get("slo_class")
+    min_priority = body.get("min_priority", 0)
     if not isinstance(tenant, str) or not tenant:
         raise APIError(422, "tenant must be a non-empty string", param="tenant")
     if slo_class is not None and slo_class not in state.directory.slo_classes:
         raise APIError(422, f"unknown SLO class {slo_class!r}", param="slo_class")
-    key, info = await create_api_key(state.redis, tenant, slo_class)
-    return {"api_key": key, "key_id": info.key_id, "tenant": tenant, "slo_class": slo_class}
+    if type(min_priority) is not int or not -(2**31) <= min_priority < 2**31:
+        raise APIError(422, "min_priority must be a 32-bit integer", param="min_priority")
+    key, info = await create_api_key(state.redis, tenant, slo_class, min_priority)
+    state.api_keys.clear()  # here at once; other gateways at their next refresh
+    return {
+        "api_key": key,
+        "key_id": info.key_id,
+        "tenant": tenant,
+        "slo_class": slo_class,
+        "min_priority": min_priority,
+    }
 
 
 @router.delete("/api-keys/{key_id}")

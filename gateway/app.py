@@ -1,4 +1,9 @@
-"""The gateway's FastAPI app, built by :func:`create_app` from settings."""
+"""The gateway's FastAPI app, built by :func:`create_app` from settings.
+
+With ``require_api_key`` nothing but /health and /ready is open: /v1 needs an API key,
+/openapi.json an API key or the admin token, /docs and /redoc are off (their pages cannot send
+a bearer token to fetch the schema), and /metrics the admin token or ``metrics_token`` (a
+scrape-only token for Prometheus; once set it is needed in open mode too)."""
 
 from __future__ import annotations
 
@@ -6,17 +11,19 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import admin, openai_routes
-from gateway.errors import error_body, install_error_handlers
+from gateway.auth import carries
+from gateway.errors import APIError, error_body, install_error_handlers
 from gateway.fastlane import FastLane
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
+from gateway.tenancy import authenticate
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
@@ -34,7 +41,15 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         finally:
             await state.close()
 
-    app = FastAPI(title="SuperInfer gateway", version="0.1.0", lifespan=lifespan)
+    locked = settings.require_api_key
+    app = FastAPI(
+        title="SuperInfer gateway",
+        version="0.1.0",
+        lifespan=lifespan,
+        openapi_url=None if locked else "/openapi.json",
+        docs_url=None if locked else "/docs",
+        redoc_url=None if locked else "/redoc",
+    )
     app.state.gateway = state
     install_error_handlers(app)
     app.add_middleware(FastLane, routes=openai_routes.fast_routes())  # inside the body limit
@@ -43,21 +58,45 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     if not settings.admin_disabled:
         app.include_router(admin.router)
 
+    _add_service_routes(app, state)
+    return app
+
+
+def _add_service_routes(app: FastAPI, state: GatewayState) -> None:
+    """/health, /ready, /metrics, and /openapi.json behind a key when keys are required."""
+    settings = state.settings
+    locked = settings.require_api_key
+    admin_token = settings.admin_token if not settings.admin_disabled else None
+
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
     @app.get("/ready", response_model=None)
     async def ready() -> JSONResponse:
-        problems = state.readiness()
+        """200 when this gateway can serve (Redis reachable, a live worker); ``warnings``
+        name what is degraded but does not stop it (the control plane)."""
+        problems, warnings = state.readiness()
         body: dict[str, Any] = {"ready": not problems, "problems": problems}
+        body["warnings"] = warnings
         return JSONResponse(body, status_code=503 if problems else 200)
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        guarded = settings.metrics_token is not None or locked
+        if guarded and not (
+            carries(request, settings.metrics_token) or carries(request, admin_token)
+        ):
+            raise APIError(401, "the metrics or admin token is required", code="unauthorized")
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return app
+    if locked:
+
+        @app.get("/openapi.json", include_in_schema=False)
+        async def openapi(request: Request) -> JSONResponse:
+            if not carries(request, admin_token):
+                await authenticate(state, request)  # 401 without a valid API key
+            return JSONResponse(app.openapi())
 
 
 class _BodyLimit:

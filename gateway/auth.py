@@ -1,13 +1,16 @@
 """Bearer tokens: the admin token (compared in constant time, never logged) and optional API
-keys for /v1, stored in Redis only as sha256 hashes with their tenant and default SLO class.
-Each gateway caches the keys it has seen (:class:`ApiKeyCache`), so a request with a key costs
-no Redis round trip; every create and delete bumps a version that empties those caches."""
+keys for /v1, stored in Redis only as sha256 hashes with their tenant, SLO class (a ceiling:
+see :mod:`gateway.tenancy`) and lowest priority. Each gateway caches the keys it has seen and,
+for a short TTL, the ones it found unknown (:class:`ApiKeyCache`), so a repeated key costs no
+Redis round trip, and a token that is not of our keys' shape none at all; every create and
+delete bumps a version that empties those caches."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import secrets
+import time
 from dataclasses import dataclass
 
 import msgpack
@@ -18,6 +21,7 @@ from gateway.errors import APIError
 from shared.streams import API_KEYS_KEY
 
 KEY_PREFIX = "sk-si-"
+MAX_KEY_CHARS = 256  # ours are 49; a longer token is never looked up
 API_KEYS_VERSION_KEY = f"{API_KEYS_KEY}:version"  # bumped by every create and delete
 
 
@@ -26,6 +30,7 @@ class ApiKey:
     key_id: str  # the first 16 hex digits of the key's hash: safe to show and log
     tenant: str
     slo_class: str | None
+    min_priority: int = 0  # the lowest (first-served) priority its requests may ask for
 
 
 def bearer(request: Request) -> str | None:
@@ -34,14 +39,19 @@ def bearer(request: Request) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
+def carries(request: Request, token: str | None) -> bool:
+    """Whether the request's bearer is ``token`` (compared in constant time)."""
+    given = bearer(request)
+    return (
+        token is not None
+        and given is not None
+        and hmac.compare_digest(given.encode(), token.encode())
+    )
+
+
 def check_admin(request: Request, admin_token: str | None) -> None:
     """401 unless the request carries the admin token."""
-    given = bearer(request)
-    if (
-        admin_token is None
-        or given is None
-        or not hmac.compare_digest(given.encode(), admin_token.encode())
-    ):
+    if not carries(request, admin_token):
         raise APIError(401, "admin token missing or wrong", code="unauthorized")
 
 
@@ -49,14 +59,17 @@ def _hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-async def create_api_key(redis: Redis, tenant: str, slo_class: str | None) -> tuple[str, ApiKey]:
+async def create_api_key(
+    redis: Redis, tenant: str, slo_class: str | None, min_priority: int = 0
+) -> tuple[str, ApiKey]:
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     digest = _hash(key)
+    record = {"tenant": tenant, "slo": slo_class, "prio": min_priority}
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.hset(API_KEYS_KEY, digest, msgpack.packb({"tenant": tenant, "slo": slo_class}))
+        pipe.hset(API_KEYS_KEY, digest, msgpack.packb(record))
         pipe.incr(API_KEYS_VERSION_KEY)
         await pipe.execute()
-    return key, ApiKey(digest[:16], tenant, slo_class)
+    return key, ApiKey(digest[:16], tenant, slo_class, min_priority)
 
 
 async def delete_api_key(redis: Redis, key_id: str) -> bool:
@@ -76,37 +89,68 @@ def _parse(digest: str, raw: bytes | str | None) -> ApiKey | None:
         return None
     try:
         data = msgpack.unpackb(raw)
-        return ApiKey(digest[:16], str(data["tenant"]), data.get("slo"))
-    except (ValueError, KeyError, TypeError):
+        return ApiKey(digest[:16], str(data["tenant"]), data.get("slo"), int(data.get("prio", 0)))
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
 class ApiKeyCache:
-    """The API keys this gateway has seen, by hash. A known key costs no Redis round trip; an
-    unknown one is looked up every time (so a key created through another gateway works at
-    once). :meth:`refresh` (with the worker directory's) empties the cache when the keys'
-    version changed: a key deleted anywhere stops working within one refresh, at once on the
-    gateway that deleted it."""
+    """The API keys this gateway has seen, by hash, and the unknown ones for ``miss_ttl_s``
+    (at most ``max_misses``, the oldest forgotten first). A known key costs no Redis round
+    trip, nor does an unknown one seen within its TTL, nor a token not shaped like our keys.
+    :meth:`refresh` (with the worker directory's) empties both when the keys' version changed:
+    a key deleted anywhere stops working within one refresh, at once on the gateway that
+    deleted it, and a key created anywhere works within one refresh even where its hash was a
+    remembered miss (a fresh key is random: no one could have tried it before)."""
 
-    def __init__(self, redis: Redis, max_keys: int = 65_536) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        max_keys: int = 65_536,
+        miss_ttl_s: float = 10.0,
+        max_misses: int = 65_536,
+    ) -> None:
         self.redis = redis
         self.max_keys = max_keys
+        self.miss_ttl_s = miss_ttl_s
+        self.max_misses = max_misses
         self._keys: dict[str, ApiKey] = {}
+        self._misses: dict[str, float] = {}  # hash -> monotonic time it is forgotten at
         self._version: bytes | str | None = None
         self._generation = 0  # bumped whenever the cache empties
 
     async def lookup(self, key: str) -> ApiKey | None:
+        if not key.startswith(KEY_PREFIX) or len(key) > MAX_KEY_CHARS:
+            return None  # not one of ours: no round trip
         digest = _hash(key)
         known = self._keys.get(digest)
         if known is not None:
             return known
+        if self._misses.get(digest, 0.0) > time.monotonic():
+            return None
         generation = self._generation
         info = _parse(digest, await self.redis.hget(API_KEYS_KEY, digest))
-        if info is not None and generation == self._generation:  # not emptied meanwhile
+        if generation != self._generation:  # emptied meanwhile: remember nothing
+            return info
+        if info is not None:
             if len(self._keys) >= self.max_keys:
                 self._keys.clear()
             self._keys[digest] = info
+        else:
+            self._remember_miss(digest)
         return info
+
+    def _remember_miss(self, digest: str) -> None:
+        if self.miss_ttl_s <= 0 or self.max_misses <= 0:
+            return
+        self._misses.pop(digest, None)
+        while len(self._misses) >= self.max_misses:
+            del self._misses[next(iter(self._misses))]  # the oldest
+        self._misses[digest] = time.monotonic() + self.miss_ttl_s
+
+    @property
+    def num_misses(self) -> int:
+        return len(self._misses)
 
     async def refresh(self) -> None:
         version = await self.redis.get(API_KEYS_VERSION_KEY)
@@ -116,4 +160,5 @@ class ApiKeyCache:
 
     def clear(self) -> None:
         self._keys.clear()
+        self._misses.clear()
         self._generation += 1

@@ -43,7 +43,16 @@ class IncrementalDetokenizer:
         return self._release(end)
 
     def flush(self) -> str:
-        """At the end of the request: release everything held back."""
+        """At the end of the request: release everything held back, including text still
+        ending in U+FFFD (a real one, or a character the output ended in the middle of: as
+        decoding the whole sequence gives it)."""
+        if not self.stopped and self._read_offset < len(self._ids):
+            prefix_text = self._tokenizer.decode(self._ids[self._prefix_offset : self._read_offset])
+            new_text = self._tokenizer.decode(self._ids[self._prefix_offset :])
+            if len(new_text) > len(prefix_text):
+                self._raw += new_text[len(prefix_text) :]
+                self._read_offset = len(self._ids)
+                self._check_stop()
         return self._release(len(self._raw))
 
     def _decode_delta(self) -> str:

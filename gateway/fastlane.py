@@ -5,10 +5,16 @@ FastAPI's routing, exception middleware, exit stacks and body dependency cost a 
 as much as everything the gateway itself does before it submits the request. Here a JSON body
 that parses and validates (``json.loads`` then the request model, as FastAPI does) goes
 straight to the same endpoint function; an APIError it raises gets the same answer as from the
-registered handler. Anything else goes to FastAPI with the body replayed, so every other
-answer is FastAPI's own: another path, method or content type, a root path, a body that is
-empty, not JSON or not valid (the 400 names the field, as always). It sits inside the body
-limit (413) and the server-error middleware (500s), which see every request as before."""
+registered handler, any other exception the same generic 500. Anything else goes to FastAPI
+with the body replayed, so every other answer is FastAPI's own: another path, method or
+content type, a root path, a body that is empty, not JSON or not valid (the 400 names the
+field, as always), or that fails to parse in any way at all (nested too deep for the parser,
+an integer too long to convert...).
+
+So there is one validation path for both lanes: a body either parses and validates here,
+exactly as FastAPI would (``json.loads`` then the same model), or FastAPI answers it; the checks
+after validation are in the endpoint functions both lanes call. It sits inside the body limit
+(413) and the server-error middleware, which see every request as before."""
 
 from __future__ import annotations
 
@@ -17,12 +23,17 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from fastapi import Request
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import APIError, api_error_response, http_error_response
+from gateway.errors import (
+    APIError,
+    api_error_response,
+    http_error_response,
+    unexpected_error_response,
+)
 
 Endpoint = Callable[[Any, Request], Awaitable[Response]]
 FastRoutes = Mapping[str, tuple[type[BaseModel], Endpoint]]
@@ -52,6 +63,8 @@ class FastLane:
             response = await endpoint(parsed, Request(scope, receive))
         except APIError as exc:
             response = api_error_response(exc)
+        except Exception as exc:  # as the registered handler answers it on FastAPI's side
+            response = unexpected_error_response(exc)
         await response(scope, receive, send)
 
     def _route(self, scope: Scope) -> tuple[type[BaseModel], Endpoint] | None:
@@ -85,11 +98,13 @@ async def _read_body(receive: Receive) -> tuple[list[Message], bytes | None]:
 
 
 def _parse(model: type[BaseModel], body: bytes | None) -> BaseModel | None:
+    """The validated body, or None for FastAPI to answer (whatever went wrong: not JSON,
+    RecursionError for deep nesting, ValueError for a 5000-digit integer, ValidationError)."""
     if not body:
         return None
     try:
         return model.model_validate(json.loads(body))
-    except (ValueError, ValidationError):  # not JSON (JSONDecodeError, UnicodeDecodeError)
+    except Exception:
         return None
 
 

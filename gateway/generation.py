@@ -259,6 +259,7 @@ class GenerationService:
         )
         fields: dict[str, str | float | int] = {"gateway_finished_s": now, "gateway_finish": reason}
         fields["gateway_id"] = self.dispatcher.gateway_id
+        fields["priority"] = generation.params.priority  # as served (a key's floor applied)
         if generation.params.tenant is not None:
             fields["tenant"] = generation.params.tenant
         if timeline.t_first_s is not None:

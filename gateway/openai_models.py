@@ -1,17 +1,45 @@
 """OpenAI request bodies (vLLM's extras: top_k, ignore_eos, priority, repetition_penalty,
 chat_template_kwargs, continue_final_message). Every number is bounded so that no input can fail
 later than validation; unknown fields are ignored, as vLLM does. Fields we do not serve are
-declared loosely, so that :mod:`gateway.unsupported` answers them with its own clear 400."""
+declared loosely, so that :mod:`gateway.unsupported` answers them with its own clear 400.
+
+Text must be valid Unicode: JSON can carry a lone surrogate (``"\\ud800"``) that no tokenizer or
+UTF-8 encoder takes, so every text field that is used (prompt, message content and name, stop,
+model, user, chat_template_kwargs) refuses one with a 400 naming the field."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 _MAX_INT = 2**31 - 1
 PositiveInt = Annotated[int, Field(ge=1, le=_MAX_INT)]
 TokenId = Annotated[int, Field(ge=0, le=_MAX_INT)]
+
+
+def valid_unicode(value: Any) -> Any:
+    """``value`` when no string in it (however nested) holds a lone surrogate."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise PydanticCustomError(
+                        "invalid_unicode", "text is not valid Unicode (a lone surrogate)"
+                    ) from None
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+        elif isinstance(item, BaseModel):
+            pending.extend(vars(item).values())
+    return value
 
 
 class StreamOptions(BaseModel):
@@ -41,6 +69,8 @@ class SamplingFields(BaseModel):
     response_format: Any = None
     user: str | None = None
 
+    _sampling_text = field_validator("model", "stop", "user")(valid_unicode)
+
 
 class TextPart(BaseModel):
     type: Literal["text"]
@@ -53,6 +83,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+
+    _text = field_validator("content", "name")(valid_unicode)
 
     def text(self) -> str:
         if self.content is None:
@@ -75,6 +107,8 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
 
+    _kwargs_text = field_validator("chat_template_kwargs")(valid_unicode)
+
     def template_messages(self) -> list[dict[str, Any]]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]
 
@@ -84,3 +118,5 @@ class CompletionRequest(SamplingFields):
     echo: bool | None = None
     logprobs: int | None = None
     suffix: str | None = None
+
+    _prompt_text = field_validator("prompt")(valid_unicode)

@@ -13,16 +13,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from redis.exceptions import RedisError
 
-from gateway.auth import bearer
-from gateway.chat import ChatTemplateError
 from gateway.errors import APIError
 from gateway.fastlane import FastRoutes
 from gateway.generation import KEEPALIVE, Generation, GenerationParams
 from gateway.openai_models import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.sse import KEEPALIVE_EVENT, ChunkBuilder, ChunkFormat, SseResponse
 from gateway.state import GatewayState
+from gateway.tenancy import Caller, authenticate, served_class, served_priority
 from gateway.unsupported import reject_unsupported
 
 router = APIRouter()
@@ -36,6 +34,7 @@ def _state(request: Request) -> GatewayState:
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
     state = _state(request)
+    await authenticate(state, request)
     return {
         "object": "list",
         "data": [
@@ -57,11 +56,12 @@ async def chat_completions(
 ) -> JSONResponse | SseResponse:
     state = _state(request)
     reject_unsupported(body)
-    prompt_ids = _chat_prompt_ids(state, body)
+    caller = await _admit(state, request, body)  # before anything costly: the key first
+    prompt_ids = await state.prompts.chat_completion(body)
     max_tokens = body.max_completion_tokens or body.max_tokens
-    params = await _params(state, request, body, prompt_ids, max_tokens)
+    params = _params(state, request, body, caller, prompt_ids, max_tokens)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    generation = await state.generations.start(request_id, params)
+    generation = await _start(state, request_id, params)
     created = int(time.time())
     head = {"id": request_id, "created": created, "model": state.model_name}
     if body.stream:
@@ -80,11 +80,12 @@ async def chat_completions(
 async def completions(body: CompletionRequest, request: Request) -> JSONResponse | SseResponse:
     state = _state(request)
     reject_unsupported(body)
-    prompt_ids = _prompt_ids(state, body.prompt)
+    caller = await _admit(state, request, body)  # before anything costly: the key first
+    prompt_ids = await state.prompts.completion(body.prompt)
     max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's and vLLM's default
-    params = await _params(state, request, body, prompt_ids, max_tokens)
+    params = _params(state, request, body, caller, prompt_ids, max_tokens)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    generation = await state.generations.start(request_id, params)
+    generation = await _start(state, request_id, params)
     head = {"id": request_id, "created": int(time.time()), "model": state.model_name}
     if body.stream:
         return _sse(generation, _completion_chunk(head), body, first=None)
@@ -108,45 +109,24 @@ def fast_routes() -> FastRoutes:
 # ---- request -> generation parameters ---------------------------------------------------
 
 
-def _chat_prompt_ids(state: GatewayState, body: ChatCompletionRequest) -> list[int]:
-    if body.continue_final_message and body.add_generation_prompt:
-        message = "continue_final_message needs add_generation_prompt: false"
-        raise APIError(400, message, param="continue_final_message")
-    messages, kwargs = body.template_messages(), body.chat_template_kwargs
-    try:
-        text = state.chat.render(
-            messages, body.add_generation_prompt, body.continue_final_message, kwargs
-        )
-    except ChatTemplateError as exc:
-        raise APIError(400, str(exc), param=exc.param) from exc
-    return state.tokenizer.encode(text, add_bos=not state.chat.has_template)
+async def _admit(state: GatewayState, request: Request, body: SamplingFields) -> Caller:
+    caller = await authenticate(state, request)
+    if body.model is not None and body.model != state.model_name:
+        name = body.model if len(body.model) <= 200 else f"{body.model[:200]}..."
+        raise APIError(404, f"the model {name!r} does not exist", "model", "model_not_found")
+    return caller
 
 
-def _prompt_ids(state: GatewayState, prompt: Any) -> list[int]:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str):
-        return state.tokenizer.encode(prompt)
-    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-        return list(prompt)
-    raise APIError(400, "one prompt per request (batches are not supported)", param="prompt")
-
-
-async def _params(
+def _params(
     state: GatewayState,
     request: Request,
     body: SamplingFields,
+    caller: Caller,
     prompt_ids: list[int],
     max_tokens: int | None,
 ) -> GenerationParams:
     settings = state.settings
-    if body.model is not None and body.model != state.model_name:
-        raise APIError(404, f"the model {body.model!r} does not exist", "model", "model_not_found")
-    tenant, key_class, key_id = await _api_key(state, request)
-    header_class = request.headers.get("x-slo-class")
-    if header_class is None and key_class not in state.directory.slo_classes:
-        key_class = None  # the key's class was removed since: the configured default applies
-    slo = _slo_class(state, header_class or key_class)
+    slo = served_class(state, caller, request.headers.get("x-slo-class"))
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if len(stop) > settings.max_stop_strings or any(
         len(s) > settings.max_stop_string_chars for s in stop
@@ -178,36 +158,19 @@ async def _params(
         seed=body.seed,
         stop=stop,
         ignore_eos=body.ignore_eos,
-        priority=body.priority,
-        tenant=tenant,
-        key_id=key_id,
+        priority=served_priority(caller, body.priority),
+        tenant=caller.tenant,
+        key_id=caller.key_id,
     )
 
 
-async def _api_key(
-    state: GatewayState, request: Request
-) -> tuple[str | None, str | None, str | None]:
-    """(tenant, default SLO class, key id) of the request's API key, if it has a known one."""
-    key = bearer(request)
+async def _start(state: GatewayState, request_id: str, params: GenerationParams) -> Generation:
+    """Submit; an error carries the request id (a 5xx body shows it, the log has the rest)."""
     try:
-        info = await state.api_keys.lookup(key) if key else None
-    except RedisError as exc:
-        raise APIError(503, f"could not check the API key: {exc}", code="bus") from exc
-    if info is None and state.settings.require_api_key:
-        raise APIError(401, "a valid API key is required", code="invalid_api_key")
-    return (info.tenant, info.slo_class, info.key_id) if info else (None, None, None)
-
-
-def _slo_class(state: GatewayState, name: str | None) -> Any:
-    classes = state.directory.slo_classes
-    chosen = name or state.settings.default_slo_class
-    if chosen not in classes:
-        if name is None:  # the configured default is gone: fall back to any class
-            return next(iter(classes.values()))
-        raise APIError(
-            400, f"unknown SLO class {chosen!r}; known: {sorted(classes)}", "x-slo-class"
-        )
-    return classes[chosen]
+        return await state.generations.start(request_id, params)
+    except APIError as exc:
+        exc.request_id = request_id
+        raise
 
 
 # ---- generation -> responses ------------------------------------------------------------
@@ -227,7 +190,11 @@ async def _collect(generation: Generation, request: Request) -> str:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             raise APIError(400, "client disconnected", code="client_disconnected")
-    return task.result()
+    try:
+        return task.result()
+    except APIError as exc:
+        exc.request_id = generation.request_id
+        raise
 
 
 def _usage(generation: Generation) -> dict[str, int]:
@@ -285,6 +252,7 @@ def _sse(
                 final = build("", None)
                 yield chunks.event({**final, "choices": [], "usage": _usage(generation)})
         except APIError as exc:
+            exc.request_id = generation.request_id
             yield f"data: {json.dumps(exc.body())}\n\n".encode()
 
     headers = {"x-request-id": generation.request_id, "cache-control": "no-cache"}

@@ -3,14 +3,20 @@ passed down."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.model_source import default_model
 
+# An admin token the gateway refuses: a placeholder (.env.example's, the docs') or a short one.
+PLACEHOLDER_ADMIN_TOKENS = frozenset({"change-me-to-a-long-random-string", "changeme"})
+MIN_ADMIN_TOKEN_CHARS = 16
+
 
 class GatewaySettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SUPERINFER_")
+    # hide_input_in_errors: a refused setting's value (a token, a URL with a password) is not
+    # echoed in the error.
+    model_config = SettingsConfigDict(env_prefix="SUPERINFER_", hide_input_in_errors=True)
 
     gateway_id: str | None = None  # unique per gateway; a random one when not given
     host: str = "127.0.0.1"
@@ -28,7 +34,13 @@ class GatewaySettings(BaseSettings):
     # Admin API: a bearer token is required unless the admin API is explicitly disabled.
     admin_token: str | None = None
     admin_disabled: bool = False
-    require_api_key: bool = False  # /v1 needs a key created through the admin API
+    # /v1 needs a key created through the admin API; then a key's SLO class is a ceiling (an
+    # x-slo-class header may only ask for a class no tighter), /openapi.json needs a key,
+    # /docs and /redoc are off, and /metrics needs the admin or the metrics token.
+    require_api_key: bool = False
+    metrics_token: str | None = None  # a scrape-only bearer for /metrics (then always needed)
+    api_key_miss_ttl_s: float = Field(default=10.0, ge=0.0)  # an unknown key is remembered
+    max_cached_api_key_misses: int = Field(default=65_536, ge=0)
     default_slo_class: str = "standard"
     # Admission, per worker (counted by this gateway): requests and prompt tokens waiting for
     # their first token. Beyond them: 429 with Retry-After.
@@ -37,6 +49,12 @@ class GatewaySettings(BaseSettings):
     retry_after_s: int = 1
     # Limits on one request.
     max_body_bytes: int = 1_048_576
+    # Characters of prompt text (a completion's prompt, a chat's rendered template) that are
+    # tokenized; beyond: 400 before any tokenizing. 1 Mi: the default body limit, and 8
+    # characters a token for a 128k-token context (prompts average about 4). Tokenizing runs
+    # on this many threads, never on the event loop.
+    max_prompt_chars: int = Field(default=1_048_576, ge=1)
+    tokenizer_threads: int = Field(default=2, ge=1)
     max_stop_strings: int = 8
     max_stop_string_chars: int = 256
     max_concurrent_per_key: int = 256  # per API key, per gateway
@@ -54,3 +72,18 @@ class GatewaySettings(BaseSettings):
     redis_max_connections: int = 64  # requests wait for a free connection beyond this
     redis_timeout_s: float = 5.0
     shutdown_grace_s: float = 30.0  # open streams may finish within this after SIGTERM
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token_is_real(cls, token: str | None) -> str | None:
+        """Refuse a placeholder or short admin token (the gateway does not start)."""
+        if token is not None and (
+            token.lower() in PLACEHOLDER_ADMIN_TOKENS or token.lower().startswith("change-me")
+        ):
+            raise ValueError(
+                "the admin token is a placeholder (.env.example's); set a random one, e.g. "
+                "`openssl rand -hex 32`"
+            )
+        if token is not None and len(token) < MIN_ADMIN_TOKEN_CHARS:
+            raise ValueError(f"the admin token must be at least {MIN_ADMIN_TOKEN_CHARS} characters")
+        return token

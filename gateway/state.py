@@ -15,8 +15,10 @@ from gateway.chat import ChatRenderer
 from gateway.dispatcher import Dispatcher
 from gateway.generation import GenerationService
 from gateway.metrics import GatewayMetrics
+from gateway.prompts import PromptEncoder
 from gateway.settings import GatewaySettings
 from gateway.workers import WorkerDirectory
+from shared import streams
 from shared.model_source import model_display_name, resolve_model
 from shared.runtime import loop_with_backoff
 from shared.tokenizer import load_tokenizer_bundle
@@ -32,6 +34,9 @@ class GatewayState:
         bundle = load_tokenizer_bundle(model_path, settings.tokenizer)
         self.tokenizer = bundle.tokenizer
         self.chat = ChatRenderer(bundle, settings.chat_template)
+        self.prompts = PromptEncoder(
+            self.tokenizer, self.chat, settings.max_prompt_chars, settings.tokenizer_threads
+        )
         self.model_name = settings.served_model_name or model_display_name(settings.model)
         pool = BlockingConnectionPool.from_url(
             settings.redis_url,
@@ -42,7 +47,11 @@ class GatewayState:
         )
         self.redis = Redis.from_pool(pool)  # closing the client closes the pool
         self.directory = WorkerDirectory(self.redis, settings)
-        self.api_keys = ApiKeyCache(self.redis)
+        self.api_keys = ApiKeyCache(
+            self.redis,
+            miss_ttl_s=settings.api_key_miss_ttl_s,
+            max_misses=settings.max_cached_api_key_misses,
+        )
         self.dispatcher = Dispatcher(
             self.redis, self.gateway_id, settings.max_buffered_outputs, settings.output_block_ms
         )
@@ -63,10 +72,15 @@ class GatewayState:
         log.info("gateway_started", gateway_id=self.gateway_id, model=self.model_name)
 
     async def _refresh(self) -> None:
+        await self.beat()
         await self.directory.refresh()
         await self.api_keys.refresh()
         await self.generations.check_workers()
         await asyncio.sleep(self.settings.directory_refresh_s)
+
+    async def beat(self) -> None:
+        """This gateway's heartbeat: workers abort its requests once it stops (orphans)."""
+        await self.redis.hset(streams.GATEWAYS_KEY, self.gateway_id, f"{time.time():.3f}")
 
     async def close(self) -> None:
         self._stop.set()
@@ -77,15 +91,19 @@ class GatewayState:
         await self.generations.drain()
         await self.dispatcher.close()
         await self.redis.aclose()
+        self.prompts.close()
         log.info("gateway_stopped", gateway_id=self.gateway_id)
 
-    def readiness(self) -> list[str]:
-        """Why the gateway is not ready (empty when it is)."""
+    def readiness(self) -> tuple[list[str], list[str]]:
+        """(problems, warnings): ready means "can serve" (Redis reachable, a live worker), so
+        only problems fail it. A control plane not seen is a warning: the workers plan
+        locally meanwhile, and a gateway leaving its Service would stop traffic they serve."""
         problems = []
         if not self.directory.redis_ok:
             problems.append("redis unreachable")
         if not self.directory.alive():
             problems.append("no live data-plane worker")
-        if not self.directory.control_plane_alive:
-            problems.append("control plane not seen recently")
-        return problems
+        warnings = []
+        if self.directory.redis_ok and not self.directory.control_plane_alive:
+            warnings.append("control plane not seen recently; workers plan locally")
+        return problems, warnings

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import json
 import struct
 from dataclasses import dataclass
@@ -67,6 +68,9 @@ class ByteTokenizer:
         return raw.decode("utf-8", errors="replace")
 
 
+_MAX_CACHED_PAIRS = 1 << 16  # (left, right) -> merged token, per tokenizer: a few MB at most
+
+
 class Llama2cTokenizer:
     """llama2.c's BPE (format in stories260K/README.md): score-ordered pair merges over the
     UTF-8 characters of the text with a dummy-prefix space, byte fallback at ids 3..258."""
@@ -87,29 +91,80 @@ class Llama2cTokenizer:
             self.scores.append(score)
             offset += length
         self._ids = {piece: index for index, piece in enumerate(self.vocab)}
+        # Merge order: rank 0 is the best score, equal scores share a rank; a token scored
+        # NaN or -inf is never a merge's result (the reference's "score > best" never holds).
+        usable = sorted({s for s in self.scores if s > float("-inf")}, reverse=True)
+        by_score = {score: rank for rank, score in enumerate(usable)}
+        self._rank = [by_score.get(score, -1) for score in self.scores]
+        self._pairs: dict[int, int] = {}
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        """llama2.c's ``encode``: the pair whose merge scores highest, the leftmost of equals,
+        merges first until none is in the vocabulary. A heap of candidate merges over a linked
+        list does that in O(n log n) (the reference rescans every pair per merge: O(n^2)).
+        UnicodeEncodeError (a ValueError) for text that is not valid Unicode."""
         ids: list[int] = [1] if add_bos else []
         if not text:
             return ids
+        return ids + self._merge(self._symbols(" " + text))
+
+    def _symbols(self, text: str) -> list[int]:
+        """One token per character, or its UTF-8 bytes (ids 3..258) when it has none."""
         tokens: list[int] = []
-        for char in " " + text:
+        for char in text:
             piece = char.encode("utf-8")
-            if piece in self._ids:
-                tokens.append(self._ids[piece])
+            known = self._ids.get(piece)
+            if known is not None:
+                tokens.append(known)
             else:
                 tokens.extend(b + 3 for b in piece)
-        while True:
-            best_score, best_index, best_id = float("-inf"), -1, -1
-            for index in range(len(tokens) - 1):
-                merged = self.vocab[tokens[index]] + self.vocab[tokens[index + 1]]
-                merged_id = self._ids.get(merged)
-                if merged_id is not None and self.scores[merged_id] > best_score:
-                    best_score, best_index, best_id = self.scores[merged_id], index, merged_id
-            if best_index < 0:
-                break
-            tokens[best_index : best_index + 2] = [best_id]
-        return ids + tokens
+        return tokens
+
+    def _pair(self, left: int, right: int) -> int:
+        """The token that merges ``left`` and ``right`` (-1: none), cached by pair."""
+        key = left * len(self.vocab) + right
+        merged = self._pairs.get(key)
+        if merged is None:
+            merged = self._ids.get(self.vocab[left] + self.vocab[right], -1)
+            merged = merged if merged >= 0 and self._rank[merged] >= 0 else -1
+            if len(self._pairs) < _MAX_CACHED_PAIRS:
+                self._pairs[key] = merged
+        return merged
+
+    def _merge(self, tokens: list[int]) -> list[int]:
+        """Merge in place. ``tokens[i]`` is the token that starts at symbol i (-1 once merged
+        into its left neighbour), ``after``/``before`` link the live positions (-1: none). A
+        heap entry ``rank * size + i`` stands for "the pair at i merges into a token of that
+        score rank" (rank 0: the best score; equal scores, equal ranks); popping the smallest
+        is the reference's choice, as i is monotone in list order. An entry whose position no
+        longer holds a pair of its rank is stale; every live pair has an entry of its own."""
+        size, rank = len(tokens), self._rank
+        after = [*range(1, size), -1]
+        before = list(range(-1, size - 1))
+        heap = []
+        for i in range(size - 1):
+            merged = self._pair(tokens[i], tokens[i + 1])
+            if merged >= 0:
+                heap.append(rank[merged] * size + i)
+        heapq.heapify(heap)
+        while heap:
+            entry_rank, i = divmod(heapq.heappop(heap), size)
+            j = after[i]
+            if tokens[i] < 0 or j < 0:
+                continue
+            merged = self._pair(tokens[i], tokens[j])
+            if merged < 0 or rank[merged] != entry_rank:
+                continue  # stale: i or its neighbour has merged since
+            tokens[i], tokens[j] = merged, -1
+            after[i] = after[j]
+            if after[j] >= 0:
+                before[after[j]] = i
+            for left, right in ((before[i], i), (i, after[i])):
+                if left >= 0 and right >= 0:
+                    pair = self._pair(tokens[left], tokens[right])
+                    if pair >= 0:
+                        heapq.heappush(heap, rank[pair] * size + left)
+        return [t for t in tokens if t >= 0]
 
     def decode(self, token_ids: list[int]) -> str:
         out = bytearray()

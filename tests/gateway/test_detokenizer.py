@@ -27,7 +27,8 @@ def test_bytes_never_split_a_character(text: str, step: int) -> None:
     output = tok.encode(text, add_bos=False)
     deltas = _stream(IncrementalDetokenizer(tok, prompt), output, step)
     assert "".join(deltas) == text
-    assert all("\ufffd" not in d for d in deltas)
+    if "\ufffd" not in text:  # no half character is ever released
+        assert all("\ufffd" not in d for d in deltas)
 
 
 @pytest.fixture(scope="module")

@@ -1,17 +1,19 @@
 """The pieces on every request's path to its first token: SSE chunks from templates (the same
 bytes as json.dumps of the whole chunk), the cached API key lookups and the dedicated Redis
-connection (reconnects after a drop, stays in step after an error reply or a cancellation)."""
+connection (reconnects after a drop, stays in step after an error reply or a cancellation);
+unknown keys remembered for a short TTL, at most so many."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from gateway.auth import API_KEYS_KEY, ApiKeyCache, create_api_key, delete_api_key
+from gateway.auth import API_KEYS_KEY, KEY_PREFIX, ApiKeyCache, create_api_key, delete_api_key
 from gateway.bus import DedicatedConnection
 from gateway.openai_routes import _chat_chunk, _completion_chunk
 from gateway.sse import ChunkFormat
@@ -39,7 +41,7 @@ async def test_api_keys_are_cached_until_the_version_changes(redis_client: Redis
     cache = ApiKeyCache(redis_client)
     assert await cache.lookup("sk-si-unknown") is None
     key, info = await create_api_key(redis_client, "acme", "batch")
-    assert await cache.lookup(key) == info  # unknown keys are not cached: found at once
+    assert await cache.lookup(key) == info  # never looked up before: found at once
     await cache.refresh()  # the create moved the version: emptied
     assert await cache.lookup(key) == info
     await redis_client.hdel(API_KEYS_KEY, *await redis_client.hkeys(API_KEYS_KEY))
@@ -50,6 +52,36 @@ async def test_api_keys_are_cached_until_the_version_changes(redis_client: Redis
     assert await delete_api_key(redis_client, other.key_id)  # any create or delete bumps it
     await cache.refresh()
     assert await cache.lookup(key) is None
+
+
+async def test_unknown_keys_are_remembered_briefly_and_boundedly(
+    redis_client: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = ApiKeyCache(redis_client, miss_ttl_s=0.3, max_misses=2)
+    lookups: list[str] = []
+    hget = redis_client.hget
+
+    async def counted(name: str, field: str) -> Any:
+        lookups.append(field)
+        return await hget(name, field)
+
+    monkeypatch.setattr(redis_client, "hget", counted)
+    unknown = [f"{KEY_PREFIX}unknown-{n}" for n in range(3)]
+    assert await cache.lookup(unknown[0]) is None
+    assert await cache.lookup(unknown[0]) is None
+    assert len(lookups) == 1  # the second time from the cache
+    assert await cache.lookup("not-one-of-ours") is None
+    assert await cache.lookup(KEY_PREFIX + "x" * 300) is None
+    assert len(lookups) == 1  # tokens not shaped like our keys cost no round trip
+    for key in unknown[1:]:
+        assert await cache.lookup(key) is None
+    assert cache.num_misses == 2  # bounded: the oldest (unknown[0]) was forgotten
+    assert await cache.lookup(unknown[0]) is None and len(lookups) == 4
+    await asyncio.sleep(0.35)
+    assert await cache.lookup(unknown[0]) is None and len(lookups) == 5  # the TTL ran out
+    await create_api_key(redis_client, "acme", None)
+    await cache.refresh()  # a new version empties the misses too
+    assert cache.num_misses == 0
 
 
 async def test_dedicated_connection_recovers_from_drops_errors_and_cancels(

@@ -1,0 +1,89 @@
+"""Prompt text -> token ids, never on the event loop: a chat's template is rendered and any text
+tokenized on a small pool of threads, so one long prompt cannot stall other streams or /health.
+Text longer than ``max_prompt_chars`` is a 400 before anything is rendered or tokenized (a
+chat's message text is counted first, its rendered prompt again); text that is not valid
+Unicode is a 400 too (the request models already refuse lone surrogates by field)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from gateway.chat import ChatRenderer, ChatTemplateError
+from gateway.errors import APIError
+from gateway.openai_models import ChatCompletionRequest
+from shared.tokenizer import Tokenizer
+
+T = TypeVar("T")
+
+
+class PromptEncoder:
+    def __init__(
+        self, tokenizer: Tokenizer, chat: ChatRenderer, max_chars: int, num_threads: int
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.chat = chat
+        self.max_chars = max_chars
+        self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="tokenize")
+
+    async def completion(self, prompt: Any) -> list[int]:
+        """A completion's prompt: text (tokenized with BOS) or token ids, one per request."""
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str):
+            self._check_chars(len(prompt), "prompt")
+            return await self._off_loop(self._encode, prompt, True, "prompt")
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        raise APIError(400, "one prompt per request (batches are not supported)", param="prompt")
+
+    async def chat_completion(self, body: ChatCompletionRequest) -> list[int]:
+        """A chat's messages through the chat template, then tokenized (BOS only without a
+        template: templates write their own)."""
+        if body.continue_final_message and body.add_generation_prompt:
+            message = "continue_final_message needs add_generation_prompt: false"
+            raise APIError(400, message, param="continue_final_message")
+        messages = body.template_messages()
+        self._check_chars(sum(len(m["content"]) for m in messages), "messages")
+        return await self._off_loop(self._render_and_encode, body, messages)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ---- on a tokenizer thread ----------------------------------------------------------
+
+    def _render_and_encode(
+        self, body: ChatCompletionRequest, messages: list[dict[str, Any]]
+    ) -> list[int]:
+        try:
+            text = self.chat.render(
+                messages,
+                body.add_generation_prompt,
+                body.continue_final_message,
+                body.chat_template_kwargs,
+            )
+        except ChatTemplateError as exc:
+            raise APIError(400, str(exc), param=exc.param) from exc
+        self._check_chars(len(text), "messages")
+        return self._encode(text, not self.chat.has_template, "messages")
+
+    def _encode(self, text: str, add_bos: bool, param: str) -> list[int]:
+        try:
+            return self.tokenizer.encode(text, add_bos=add_bos)
+        except UnicodeError as exc:  # a lone surrogate the models did not see (a template's)
+            raise APIError(400, f"{param}: the text is not valid Unicode", param=param) from exc
+
+    def _check_chars(self, num_chars: int, param: str) -> None:
+        if num_chars > self.max_chars:
+            raise APIError(
+                400,
+                f"the prompt has {num_chars} characters; this server takes at most "
+                f"{self.max_chars}",
+                param=param,
+                code="prompt_too_long",
+            )
+
+    async def _off_loop(self, work: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, work, *args)

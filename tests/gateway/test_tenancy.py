@@ -1,0 +1,113 @@
+"""A key's SLO class is a ceiling and its ``min_priority`` a floor: a batch-class key asking for
+interactive (or for a better priority) is served as batch (at its floor); asking for less is
+honoured. Without a key (open mode) the header and ``priority`` are taken as sent."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.auth import ApiKey
+from gateway.tenancy import Caller, served_class, served_priority
+from shared.slo import DEFAULT_SLO_CLASSES, SloClass
+from tests.served import Served
+
+
+def _state(**extra: SloClass) -> Any:
+    classes = {**DEFAULT_SLO_CLASSES, **extra}
+    directory = SimpleNamespace(slo_classes=classes)
+    return SimpleNamespace(
+        directory=directory, settings=SimpleNamespace(default_slo_class="standard")
+    )
+
+
+def _caller(slo_class: str | None, min_priority: int = 0) -> Caller:
+    return Caller(ApiKey("0123456789abcdef", "acme", slo_class, min_priority))
+
+
+def test_the_key_class_is_a_ceiling() -> None:
+    # Looser TTFT but a tighter TBT than standard: not "no tighter", so not above the ceiling.
+    state = _state(streaming=SloClass("streaming", 10.0, 0.02))
+    served = {
+        (key, header): served_class(state, _caller(key), header).name
+        for key in ("interactive", "standard", "batch", None)
+        for header in ("interactive", "standard", "batch", "streaming", None)
+    }
+    assert served[("batch", "interactive")] == "batch"
+    assert served[("batch", "standard")] == "batch"
+    assert served[("standard", "interactive")] == "standard"
+    assert served[("standard", "streaming")] == "standard"
+    assert served[(None, "interactive")] == "standard"  # no class on the key: the default's
+    assert served[("interactive", "batch")] == "batch"  # asking for less is fine
+    assert served[("interactive", "streaming")] == "interactive"  # TBT tighter than the key's
+    assert served[("standard", None)] == "standard" and served[("batch", None)] == "batch"
+    anonymous = Caller(None)
+    assert served_class(state, anonymous, "interactive").name == "interactive"  # open mode
+    assert served_class(state, anonymous, None).name == "standard"
+
+
+def test_priority_is_clamped_to_the_key_floor() -> None:
+    assert served_priority(_caller("batch"), -100) == 0
+    assert served_priority(_caller("batch"), 7) == 7
+    assert served_priority(_caller("batch", min_priority=-5), -100) == -5
+    assert served_priority(Caller(None), -100) == -100  # open mode
+
+
+@pytest.fixture
+def admin(served: Served) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=served.url, headers=served.admin_headers, timeout=30) as client:
+        yield client
+
+
+def _served_as(
+    served: Served, admin: httpx.Client, key: str | None, slo: str | None, priority: int
+) -> tuple[str, float]:
+    """(class, priority) a request was served with, from its lifecycle record."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if slo is not None:
+        headers["x-slo-class"] = slo
+    body = {"prompt": "Once", "max_tokens": 2, "priority": priority}
+    response = httpx.post(f"{served.url}/v1/completions", json=body, headers=headers, timeout=30)
+    assert response.status_code == 200, response.text
+    deadline = time.monotonic() + 10
+    while True:  # the gateway writes its part of the record as the request finishes
+        record = admin.get(f"/admin/v1/requests/{response.json()['id']}").json()
+        lifecycle = record.get("lifecycle", {})
+        if ("priority" in lifecycle and "slo_class" in lifecycle) or time.monotonic() > deadline:
+            return lifecycle.get("slo_class", ""), lifecycle.get("priority", float("nan"))
+        time.sleep(0.05)
+
+
+def test_a_batch_key_asking_for_interactive_is_served_as_batch(
+    served: Served, admin: httpx.Client
+) -> None:
+    keys: dict[str, Any] = {}
+    specs: dict[str, dict[str, Any]] = {
+        "batch": {"slo_class": "batch"},
+        "interactive": {"slo_class": "interactive"},
+        "trusted": {"slo_class": "standard", "min_priority": -5},
+    }
+    for name, spec in specs.items():
+        created = admin.post("/admin/v1/api-keys", json={"tenant": name, **spec})
+        assert created.status_code == 200, created.text
+        keys[name] = created.json()
+    try:
+        batch, interactive = keys["batch"]["api_key"], keys["interactive"]["api_key"]
+        trusted = keys["trusted"]["api_key"]
+        assert keys["trusted"]["min_priority"] == -5
+        assert _served_as(served, admin, batch, "interactive", -100) == ("batch", 0)
+        assert _served_as(served, admin, batch, None, 3) == ("batch", 3)
+        assert _served_as(served, admin, interactive, "batch", 0) == ("batch", 0)
+        assert _served_as(served, admin, interactive, None, 0) == ("interactive", 0)
+        assert _served_as(served, admin, trusted, "interactive", -100) == ("standard", -5)
+        assert _served_as(served, admin, None, "interactive", -3) == ("interactive", -3)
+        bad = admin.post("/admin/v1/api-keys", json={"tenant": "x", "min_priority": "high"})
+        assert bad.status_code == 422
+    finally:
+        for created in keys.values():
+            admin.delete(f"/admin/v1/api-keys/{created['key_id']}")
