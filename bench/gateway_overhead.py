@@ -41,7 +41,7 @@ def _free_port() -> int:
 def _start(redis_url: str, port: int, max_num_seqs: int) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
-        "SUPERINFER_ADMIN_TOKEN": "bench",
+        "SUPERINFER_ADMIN_TOKEN": "bench-admin-token-0123",
         "SUPERINFER_MAX_QUEUED_REQUESTS": "100000",
         "SUPERINFER_MAX_QUEUED_PROMPT_TOKENS": "100000000",
     }

@@ -126,12 +126,20 @@ class Dispatcher:
         its entry from the old worker's stream and telling the old worker to abort it, so a
         late or restarted old worker neither runs it again nor mixes in its tokens."""
         old_stream = streams.worker_requests_stream(handle.worker_id)
+        old_wire_id, old_entry_id = handle.wire_id, handle.entry_id
         handle.num_attempts += 1
         wire_id = f"{handle.request_id}.r{handle.num_attempts}"
+        # Routed under the new id before the resubmit is written: a fast new worker's first
+        # output can arrive before this coroutine resumes, and must find its request.
+        self.handles.pop(old_wire_id, None)
+        handle.wire_id, handle.worker_id, handle.entry_id = wire_id, worker_id, None
+        handle.num_received = 0
+        if not handle.done:
+            self.handles[wire_id] = handle
         async with self.redis.pipeline(transaction=False) as pipe:
-            if handle.entry_id is not None:
-                pipe.xdel(old_stream, handle.entry_id)
-            pipe.xadd(old_stream, {"m": encode(AbortRequest(handle.wire_id))})
+            if old_entry_id is not None:
+                pipe.xdel(old_stream, old_entry_id)
+            pipe.xadd(old_stream, {"m": encode(AbortRequest(old_wire_id))})
             pipe.xadd(
                 streams.worker_requests_stream(worker_id),
                 {"m": encode(replace(request, request_id=wire_id))},
@@ -139,11 +147,7 @@ class Dispatcher:
                 approximate=True,
             )
             results = await pipe.execute()
-        self.handles.pop(handle.wire_id, None)
-        handle.wire_id, handle.worker_id, handle.entry_id = wire_id, worker_id, results[-1]
-        handle.num_received = 0
-        if not handle.done:
-            self.handles[wire_id] = handle
+        handle.entry_id = results[-1]
 
     async def abort(self, handle: RequestHandle) -> None:
         """Tell the worker to drop the request (frees its blocks in every tier)."""

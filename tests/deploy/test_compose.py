@@ -1,7 +1,9 @@
 """docker-compose.yml: valid Compose (the Compose Specification schema that `docker-compose
 config` uses, and the real command when one is installed), every superinfer service runs a
 `superinfer` subcommand the CLI accepts with settings its service knows, and the parts a user
-relies on (GPU reservation, CPU profile, published port, admin token, non-root) are there."""
+relies on (GPU reservation, CPU profile, the gateway on loopback, the admin token and Redis
+password required and their placeholders refused, Redis bounded and persistent, non-root) are
+there."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.support import REPO, SCHEMAS, require, start_settings
+from tests.deploy.support import REPO, SCHEMAS, require, run_redis_script, start_settings
 
 COMPOSE = REPO / "docker-compose.yml"
 ENV_EXAMPLE = REPO / ".env.example"
@@ -68,9 +70,23 @@ def load(env: dict[str, str] | None = None) -> dict[str, Any]:
     return config
 
 
+# A .env as the user edits it: .env.example with its placeholders replaced.
+ADMIN_TOKEN = "0123456789abcdef0123456789abcdef"
+REDIS_PASSWORD = "fedcba9876543210fedcba9876543210"
+
+
+def edited_env(**changes: str) -> dict[str, str]:
+    env = {
+        **env_file(),
+        "SUPERINFER_ADMIN_TOKEN": ADMIN_TOKEN,
+        "SUPERINFER_REDIS_PASSWORD": REDIS_PASSWORD,
+    }
+    return {**env, **changes}
+
+
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
-    return load()
+    return load(edited_env())
 
 
 def test_compose_file_matches_the_compose_schema(compose: dict[str, Any]) -> None:
@@ -111,21 +127,23 @@ def test_docker_compose_config(profile: str) -> None:
     assert ("data-plane" if profile == "gpu" else "data-plane-cpu") in services
 
 
-def test_admin_token_is_required(tmp_path: Path) -> None:
-    env = {k: v for k, v in env_file().items() if k != "SUPERINFER_ADMIN_TOKEN"}
-    with pytest.raises(ValueError, match="SUPERINFER_ADMIN_TOKEN"):
+@pytest.mark.parametrize("name", ["SUPERINFER_ADMIN_TOKEN", "SUPERINFER_REDIS_PASSWORD"])
+def test_secrets_are_required(name: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in env_file().items() if k != name}
+    with pytest.raises(ValueError, match=name):
         load(env)
     command = compose_command()
     if command is not None:
-        (tmp_path / "empty.env").write_text("")
+        without = tmp_path / "without.env"
+        without.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
         result = subprocess.run(
-            [*command, "-f", str(COMPOSE), "--env-file", str(tmp_path / "empty.env"), "config"],
+            [*command, "-f", str(COMPOSE), "--env-file", str(without), "config"],
             capture_output=True,
             text=True,
             cwd=REPO,
             env={k: v for k, v in os.environ.items() if not k.startswith("SUPERINFER_")},
         )
-        assert result.returncode != 0 and "SUPERINFER_ADMIN_TOKEN" in result.stderr
+        assert result.returncode != 0 and name in result.stderr
 
 
 @pytest.mark.parametrize("service", SUPERINFER_SERVICES)
@@ -138,7 +156,9 @@ def test_services_run_superinfer_commands_with_known_settings(
     assert command[0] == service.removesuffix("-cpu")
     env = {k: str(v) for k, v in spec["environment"].items()}
     settings: Any = start_settings(command, env, monkeypatch)
-    assert settings.redis_url == "redis://redis:6379/0"
+    assert settings.redis_url == f"redis://:{REDIS_PASSWORD}@redis:6379/0"
+    if service == "gateway":
+        assert settings.admin_token == ADMIN_TOKEN
     if service.startswith("data-plane"):
         assert settings.health_port == 9090
     if service == "control-plane":
@@ -160,10 +180,73 @@ def test_gpu_worker_reserves_a_gpu_and_cpu_worker_runs_tiny_random(
     assert cpu["environment"]["SUPERINFER_DEVICE"] == "cpu"
 
 
-def test_gateway_published_and_everything_non_root(compose: dict[str, Any]) -> None:
+def test_gateway_published_on_loopback_unless_asked(compose: dict[str, Any]) -> None:
+    assert env_file()["SUPERINFER_BIND"] == "127.0.0.1"
+    assert compose["services"]["gateway"]["ports"] == ["127.0.0.1:8000:8000"]
+    unset = {k: v for k, v in edited_env().items() if k != "SUPERINFER_BIND"}
+    assert load(unset)["services"]["gateway"]["ports"] == ["127.0.0.1:8000:8000"]
+    everywhere = load(edited_env(SUPERINFER_BIND="0.0.0.0", SUPERINFER_GATEWAY_PORT="9000"))
+    assert everywhere["services"]["gateway"]["ports"] == ["0.0.0.0:9000:8000"]
+    for name, spec in compose["services"].items():
+        if name != "gateway":
+            assert "ports" not in spec, name  # Redis and the rest: the compose network only
+
+
+def test_placeholder_admin_token_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """.env.example copied unedited: the gateway refuses to start (the token is not echoed)."""
+    require("pydantic")
+    from pydantic import ValidationError
+
+    placeholder = env_file()["SUPERINFER_ADMIN_TOKEN"]
+    for token in (placeholder, "too-short-token"):
+        spec = load(edited_env(SUPERINFER_ADMIN_TOKEN=token))["services"]["gateway"]
+        env = {k: str(v) for k, v in spec["environment"].items()}
+        with pytest.raises(ValidationError, match="admin_token") as refused:
+            start_settings(spec["command"], env, monkeypatch)
+        assert token not in str(refused.value)
+
+
+def redis_script(compose: dict[str, Any]) -> str:
+    command = compose["services"]["redis"]["command"]
+    assert command[:2] == ["sh", "-c"] and len(command) == 3
+    script: str = command[2]
+    return script
+
+
+def test_redis_needs_the_password_and_is_bounded_and_persistent(
+    compose: dict[str, Any], tmp_path: Path
+) -> None:
+    """Redis's start-up script, run with a real redis-server: the password from .env (not on
+    its command line), maxmemory with noeviction, the append-only file in /data (the named
+    volume); the services' URL carries the same password."""
+    redis = compose["services"]["redis"]
+    assert redis["environment"]["REDISCLI_AUTH"] == REDIS_PASSWORD
+    assert "redis-data:/data" in redis["volumes"] and "/tmp" in redis["tmpfs"]
+    assert "requirepass" in redis_script(compose)
+    config = run_redis_script(redis_script(compose), REDIS_PASSWORD, tmp_path)
+    assert config["requirepass"] == REDIS_PASSWORD
+    assert config["maxmemory"] == str(1024**3)  # SUPERINFER_REDIS_MAXMEMORY=1gb
+    assert config["maxmemory-policy"] == "noeviction"
+    assert config["appendonly"] == "yes" and config["appendfsync"] == "everysec"
+
+
+def test_redis_refuses_the_placeholder_password(tmp_path: Path) -> None:
+    placeholder = env_file()["SUPERINFER_REDIS_PASSWORD"]
+    script = redis_script(load(edited_env(SUPERINFER_REDIS_PASSWORD=placeholder)))
+    result = subprocess.run(
+        ["sh", "-c", script.replace("/tmp/", f"{tmp_path}/")],
+        env={"PATH": os.environ["PATH"], "REDISCLI_AUTH": placeholder},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1 and "SUPERINFER_REDIS_PASSWORD" in result.stderr
+    assert not (tmp_path / "redis.conf").exists()
+
+
+def test_everything_non_root(compose: dict[str, Any]) -> None:
     gateway = compose["services"]["gateway"]
-    assert gateway["ports"] == ["8000:8000"]
-    assert gateway["environment"]["SUPERINFER_ADMIN_TOKEN"] == env_file()["SUPERINFER_ADMIN_TOKEN"]
+    assert gateway["environment"]["SUPERINFER_ADMIN_TOKEN"] == ADMIN_TOKEN
     for name, spec in compose["services"].items():
         assert spec["read_only"] is True, name
         assert not str(spec["user"]).startswith("0"), name

@@ -55,6 +55,16 @@ app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
 {{- printf "%s-config" (include "superinfer.fullname" .) }}
 {{- end }}
 
+{{/* The Secret holding the Redis password: redis.auth.existingSecret, else the chart's own for
+the bundled Redis (redis.auth.enabled), else none (an external Redis without a password). */}}
+{{- define "superinfer.redisSecretName" -}}
+{{- if .Values.redis.auth.existingSecret }}
+{{- .Values.redis.auth.existingSecret }}
+{{- else if and .Values.redis.bundled .Values.redis.auth.enabled }}
+{{- printf "%s-redis" (include "superinfer.fullname" .) }}
+{{- end }}
+{{- end }}
+
 {{/* The Redis URL the services get; with a password, Kubernetes expands $(REDIS_PASSWORD)
 from the env var that superinfer.redisEnv puts before it. */}}
 {{- define "superinfer.redisUrl" -}}
@@ -67,19 +77,19 @@ from the env var that superinfer.redisEnv puts before it. */}}
 {{- fail "redis.url must start with redis:// or rediss://" }}
 {{- end }}
 {{- end }}
-{{- if .Values.redis.auth.existingSecret }}
+{{- if include "superinfer.redisSecretName" . }}
 {{- $url = regexReplaceAll "^(rediss?://)" $url "${1}:$$(REDIS_PASSWORD)@" }}
 {{- end }}
 {{- $url }}
 {{- end }}
 
 {{- define "superinfer.redisEnv" -}}
-{{- if .Values.redis.auth.existingSecret -}}
+{{- with include "superinfer.redisSecretName" . -}}
 - name: REDIS_PASSWORD
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.redis.auth.existingSecret }}
-      key: {{ .Values.redis.auth.secretKey }}
+      name: {{ . }}
+      key: {{ $.Values.redis.auth.secretKey }}
 {{ end -}}
 - name: SUPERINFER_REDIS_URL
   value: {{ include "superinfer.redisUrl" . | quote }}
@@ -151,3 +161,4 @@ prometheus.io/path: /metrics
 {{- $request := include "superinfer.dataPlaneMemoryRequestGiB" . | int }}
 {{- add $request (ceil .Values.dataPlane.shmSizeGiB | int) (ceil .Values.dataPlane.memoryLimitHeadroomGiB | int) }}
 {{- end }}
+
