@@ -58,6 +58,7 @@ class Dispatcher:
         self.num_malformed = 0
         self.num_duplicates = 0
         self._last_id: Any = "$"
+        self._overflowed: list[RequestHandle] = []  # to abort on their workers
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._submitter = DedicatedConnection(redis)  # the pool when a submit is in flight
@@ -158,6 +159,14 @@ class Dispatcher:
             approximate=True,
         )
 
+    async def _abort_overflowed(self) -> None:
+        """Abort on their workers the requests whose clients fell a whole buffer behind (their
+        response may be blocked writing to that client and never read the overflow itself).
+        A Redis error keeps them for the next read."""
+        while self._overflowed:
+            await self.abort(self._overflowed[0])
+            self._overflowed.pop(0)
+
     async def _read_once(self) -> None:
         if self._last_id == "$":
             newest: Any = await self.redis.xrevrange(self.reply_stream, count=1)
@@ -173,6 +182,7 @@ class Dispatcher:
             else:
                 for msg in batch.outputs:
                     self._route(msg)
+        await self._abort_overflowed()
         if response:
             # The responses just handed a message run first: their chunks go out before this
             # task's next XREAD (a write that wakes Redis) and before this task runs again.
@@ -206,4 +216,6 @@ class Dispatcher:
         try:
             handle.outputs.put_nowait(msg)
         except asyncio.QueueFull:
+            if not handle.overflowed:  # its client stopped reading: the worker need not go on
+                self._overflowed.append(handle)
             handle.overflowed = True
