@@ -128,26 +128,20 @@ def _control_plane(args: argparse.Namespace) -> int:
     return _run_service(ControlPlaneSettings, serve, args)
 
 
-def _add_service_parsers(sub: argparse._SubParsersAction) -> None:
-    worker = sub.add_parser("data-plane", help="the engine as a worker on Redis streams")
-    worker.add_argument("--worker-id", default=None)
-    worker.add_argument("--redis-url", default=None)
-    from superinfer.serve import WORKER_MODEL_FLAGS
+SECRET_FIELDS = ("admin_token", "metrics_token")  # environment only (SUPERINFER_*)
 
-    for flag, kind in (
-        ("--model", str),
-        *WORKER_MODEL_FLAGS,
-        ("--policy", str),
-        ("--plan-max-age-iterations", int),
-        ("--health-port", int),
-    ):
-        worker.add_argument(flag, type=kind, default=None)
+
+def _add_service_parsers(sub: argparse._SubParsersAction) -> None:
+    """Each service's flags are its settings' fields (superinfer/flags.py)."""
+    from control_plane.settings import ControlPlaneSettings
+    from data_plane.settings import WorkerSettings
+    from superinfer.flags import add_settings_flags
+
+    worker = sub.add_parser("data-plane", help="the engine as a worker on Redis streams")
+    add_settings_flags(worker, WorkerSettings)
     worker.set_defaults(func=_data_plane)
     control = sub.add_parser("control-plane", help="VLT/LVF planning service")
-    control.add_argument("--redis-url", default=None)
-    control.add_argument(
-        "--health-port", type=int, default=None, help="/health, /ready, /metrics (0: off)"
-    )
+    add_settings_flags(control, ControlPlaneSettings)
     control.set_defaults(func=_control_plane)
 
 
@@ -165,24 +159,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _add_gateway_parsers(sub: argparse._SubParsersAction) -> None:
+    from gateway.settings import GatewaySettings
+    from superinfer.flags import add_settings_flags
     from superinfer.serve import add_serve_arguments
 
     gateway = sub.add_parser("gateway", help="the OpenAI-compatible gateway alone")
-    for flag, kind in (
-        ("--host", str),
-        ("--port", int),
-        ("--redis-url", str),
-        ("--gateway-id", str),
-        ("--model", str),
-        ("--revision", str),
-        ("--tokenizer", str),
-        ("--served-model-name", str),
-        ("--chat-template", str),
-    ):
-        gateway.add_argument(flag, type=kind, default=None)
-    gateway.add_argument(
-        "--admin-disabled", action="store_true", default=None, help="serve without /admin/v1"
-    )
+    add_settings_flags(gateway, GatewaySettings, exclude=SECRET_FIELDS)
     gateway.set_defaults(func=_gateway)
     serve = sub.add_parser("serve", help="gateway + control plane + one worker on one machine")
     add_serve_arguments(serve)

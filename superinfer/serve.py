@@ -14,26 +14,26 @@ import sys
 import tempfile
 from typing import Any
 
-# The worker's model and pool flags: `superinfer data-plane` takes them, and `serve` passes them
-# through to its worker unchanged.
-WORKER_MODEL_FLAGS: tuple[tuple[str, type], ...] = (
-    ("--revision", str),
-    ("--tokenizer", str),
-    ("--dtype", str),
-    ("--device", str),
-    ("--block-size", int),
-    ("--hbm-kv-gib", float),
-    ("--gpu-memory-utilization", float),
-    ("--max-model-len", int),
-    ("--dram-kv-gib", float),
-    ("--swap-space", float),
-    ("--tensor-parallel-size", int),
-    ("--num-hbm-blocks", int),
-    ("--num-dram-blocks", int),
-    ("--max-num-batched-tokens", int),
-    ("--max-num-seqs", int),
-    ("--transfer-backend", str),
-    ("--b-xfer", int),
+# The worker's model and pool settings (``WorkerSettings`` fields): `serve` takes them as flags
+# and passes them through to its worker unchanged.
+WORKER_MODEL_FIELDS = (
+    "revision",
+    "tokenizer",
+    "dtype",
+    "device",
+    "block_size",
+    "hbm_kv_gib",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "dram_kv_gib",
+    "swap_space",
+    "tensor_parallel_size",
+    "num_hbm_blocks",
+    "num_dram_blocks",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "transfer_backend",
+    "b_xfer",
 )
 
 
@@ -53,8 +53,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ready-timeout-s", type=float, default=600.0, help="give up if not ready by then"
     )
-    for flag, kind in WORKER_MODEL_FLAGS:
-        parser.add_argument(flag, type=kind, default=None)
+    from data_plane.settings import WorkerSettings
+    from superinfer.flags import add_settings_flags
+
+    add_settings_flags(parser, WorkerSettings, WORKER_MODEL_FIELDS)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -138,10 +140,12 @@ async def _announce_when_ready(
 
 def _worker_args(args: argparse.Namespace) -> list[str]:
     out: list[str] = []
-    for flag, _ in WORKER_MODEL_FLAGS:
-        value = getattr(args, flag[2:].replace("-", "_"))
+    from superinfer.flags import flag_name
+
+    for name in WORKER_MODEL_FIELDS:
+        value = getattr(args, name)
         if value is not None:
-            out += [flag, str(value)]
+            out += [flag_name(name), str(value)]
     return out
 
 

@@ -1,0 +1,59 @@
+"""Flags generated from the settings models: one declaration per setting."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from control_plane.settings import ControlPlaneSettings
+from data_plane.settings import WorkerSettings
+from gateway.settings import GatewaySettings
+from superinfer.cli import SECRET_FIELDS, build_parser
+from superinfer.flags import add_settings_flags, scalar_type
+from superinfer.serve import WORKER_MODEL_FIELDS, _worker_args
+
+
+def _subcommand(name: str) -> argparse.ArgumentParser:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
+
+
+@pytest.mark.parametrize(
+    ("command", "settings_cls"),
+    [
+        ("data-plane", WorkerSettings),
+        ("control-plane", ControlPlaneSettings),
+        ("gateway", GatewaySettings),
+    ],
+)
+def test_every_scalar_setting_is_a_flag_and_no_secret_is(command: str, settings_cls: type) -> None:
+    dests = {a.dest for a in _subcommand(command)._actions}
+    fields = {n for n, f in settings_cls.model_fields.items() if scalar_type(f.annotation)}
+    assert fields - set(SECRET_FIELDS) <= dests
+    assert not dests & set(SECRET_FIELDS)
+
+
+def test_flag_values_reach_the_settings_with_their_types() -> None:
+    args = build_parser().parse_args(
+        ["data-plane", "--max-model-len", "2048", "--gpu-memory-utilization", "0.5", "--model", "m"]
+    )
+    assert args.max_model_len == 2048 and args.gpu_memory_utilization == 0.5
+    args = build_parser().parse_args(["gateway", "--require-api-key", "--no-admin-disabled"])
+    assert args.require_api_key is True and args.admin_disabled is False
+
+
+def test_serve_passes_the_worker_fields_through_unchanged() -> None:
+    argv = ["serve", "--max-model-len", "4096", "--swap-space", "2.5", "--dtype", "bfloat16"]
+    args = build_parser().parse_args(argv)
+    passed = _worker_args(args)
+    assert passed == ["--dtype", "bfloat16", "--max-model-len", "4096", "--swap-space", "2.5"]
+    worker = build_parser().parse_args(["data-plane", *passed])
+    assert (worker.max_model_len, worker.swap_space, worker.dtype) == (4096, 2.5, "bfloat16")
+    assert set(WORKER_MODEL_FIELDS) <= set(WorkerSettings.model_fields)
+
+
+def test_an_unknown_field_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no scalar field"):
+        add_settings_flags(argparse.ArgumentParser(), WorkerSettings, ["no_such_field"])
