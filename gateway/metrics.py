@@ -1,5 +1,6 @@
 """Prometheus metrics: vLLM's names under a ``superinfer:`` prefix where the meaning is the
-same, plus SLO attainment per class, rotations, bytes per direction and plan source.
+same, plus SLO attainment per class, rotations, bytes per direction and plan source; with
+``vllm_metrics``, vLLM's own names beside them (gateway/metrics_vllm.py).
 
 Request-level histograms are observed here as requests finish; worker-level figures are read
 from the workers' heartbeat statuses at scrape time (a custom collector, so they are never
@@ -13,15 +14,20 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.metrics_vllm import VllmEngineCollector, VllmRequestMetrics
 from gateway.workers import WorkerDirectory
 from shared.policy import kv_usage
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
+_NUMERIC_KNOBS = ("alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s", "min_residency_s")
+_SWITCH_KNOBS = (
+    "adaptive_residency", "rotate_only_for_lag", "protect_unserved", "hold_room_for_rotary",
+)  # fmt: skip
 _TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
 class GatewayMetrics:
-    def __init__(self, directory: WorkerDirectory, model_name: str) -> None:
+    def __init__(self, directory: WorkerDirectory, model_name: str, vllm: bool = True) -> None:
         self.registry = CollectorRegistry()
         self.model_name = model_name
         labels = ["model_name", "slo_class"]
@@ -72,6 +78,10 @@ class GatewayMetrics:
             ["slo_class"], registry=reg,
         )  # fmt: skip
         self.registry.register(_WorkerCollector(directory, model_name))
+        self.vllm: VllmRequestMetrics | None = None
+        if vllm:
+            self.vllm = VllmRequestMetrics(reg, model_name)
+            reg.register(VllmEngineCollector(directory, model_name))
 
     def observe_finished(
         self,
@@ -102,6 +112,8 @@ class GatewayMetrics:
             histogram.observe(gap_s)
         self.slo_tbt_gaps.labels(slo_class).inc(len(gaps_s))
         self.slo_tbt_met.labels(slo_class).inc(sum(1 for g in gaps_s if g <= slo_tbt_s))
+        if self.vllm is not None:
+            self.vllm.observe(finish_reason, ttft_s, gaps_s, e2e_s, queue_s, num_prompt_tokens)
 
 
 class _WorkerCollector(Collector):
@@ -118,6 +130,7 @@ class _WorkerCollector(Collector):
                 ("num_requests_waiting", "Requests waiting for admission"),
                 ("num_requests_rotary", "Requests parked in host DRAM"),
                 ("iteration_time_seconds", "Mean engine iteration time"),
+                ("lvf_min_residency_seconds", "LVF's current minimum residency"),
             )
         }
         usage = GaugeMetricFamily(
@@ -144,6 +157,8 @@ class _WorkerCollector(Collector):
             gauges["num_requests_waiting"].add_metric([w], s.num_waiting)
             gauges["num_requests_rotary"].add_metric([w], s.num_rotary)
             gauges["iteration_time_seconds"].add_metric([w], s.iteration_time_s)
+            if s.lvf_min_residency_s is not None:
+                gauges["lvf_min_residency_seconds"].add_metric([w], s.lvf_min_residency_s)
             usage.add_metric([w, "hbm"], kv_usage(s.num_hbm_blocks, s.num_free_hbm_blocks))
             usage.add_metric([w, "dram"], kv_usage(s.num_dram_blocks, s.num_free_dram_blocks))
             source.add_metric([w, s.plan_source], 1.0)
@@ -158,8 +173,10 @@ class _WorkerCollector(Collector):
 
     def _knobs(self) -> Iterator[Metric]:
         d = self.directory
-        knobs = GaugeMetricFamily("superinfer:knob", "Current SLO knobs", labels=["name"])
-        for name in ("alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s"):
+        knobs = GaugeMetricFamily(
+            "superinfer:knob", "Current SLO knobs (switches: 1 on, 0 off)", labels=["name"]
+        )
+        for name in _NUMERIC_KNOBS + _SWITCH_KNOBS:
             knobs.add_metric([name], float(getattr(d.knobs, name)))
         knobs.add_metric(["b_xfer"], -1.0 if d.knobs.b_xfer is None else float(d.knobs.b_xfer))
         policy = GaugeMetricFamily("superinfer:policy_info", "Current policy", labels=["policy"])

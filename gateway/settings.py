@@ -39,6 +39,9 @@ class GatewaySettings(BaseSettings):
     # /docs and /redoc are off, and /metrics needs the admin or the metrics token.
     require_api_key: bool = False
     metrics_token: str | None = None  # a scrape-only bearer for /metrics (then always needed)
+    # /metrics also carries vLLM's names and labels (vllm:*{model_name}), so that dashboards,
+    # autoscaling rules and schedulers written for vLLM read this gateway unchanged.
+    vllm_metrics: bool = True
     api_key_miss_ttl_s: float = Field(default=10.0, ge=0.0)  # an unknown key is remembered
     max_cached_api_key_misses: int = Field(default=65_536, ge=0)
     default_slo_class: str = "standard"

@@ -55,7 +55,7 @@ class GatewayState:
         self.dispatcher = Dispatcher(
             self.redis, self.gateway_id, settings.max_buffered_outputs, settings.output_block_ms
         )
-        self.metrics = GatewayMetrics(self.directory, self.model_name)
+        self.metrics = GatewayMetrics(self.directory, self.model_name, settings.vllm_metrics)
         self.generations = GenerationService(
             settings, self.redis, self.tokenizer, self.dispatcher, self.directory, self.metrics
         )

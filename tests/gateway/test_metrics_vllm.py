@@ -1,0 +1,123 @@
+"""vLLM-compatible series: the names and labels vLLM exports, worker gauges summed into one
+series per model (no ``worker`` label), request series observed once per finish, and the
+``vllm_metrics`` setting turning them off."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.metrics import GatewayMetrics
+from gateway.metrics_vllm import VLLM_SERIES
+from gateway.settings import GatewaySettings
+from gateway.workers import WorkerDirectory
+from shared.protocol import WorkerStatus
+
+
+def _status(worker_id: str, **changes: Any) -> WorkerStatus:
+    fields: dict[str, Any] = dict(
+        worker_id=worker_id, epoch="e1", t_heartbeat_s=time.time(), model_name="m",
+        max_model_len=512, num_running=3, num_waiting=5, num_rotary=2, num_waiting_tokens=100,
+        num_hbm_blocks=100, num_free_hbm_blocks=40, num_dram_blocks=400, num_free_dram_blocks=300,
+        max_num_batched_tokens=2048, iteration_time_s=0.02, plan_source="remote", policy="lvf",
+        num_preemptions=4, num_rotations_out=7, num_rotations_in=6, bytes_h2d=10, bytes_d2h=20,
+        accepting=True, lvf_min_residency_s=0.5,
+    )  # fmt: skip
+    return WorkerStatus(**{**fields, **changes})
+
+
+def _metrics(vllm: bool = True) -> GatewayMetrics:
+    directory = WorkerDirectory(None, GatewaySettings(admin_disabled=True))  # type: ignore[arg-type]
+    directory.statuses = {
+        "w0": _status("w0"),
+        "w1": _status("w1", num_running=1, num_hbm_blocks=300, num_free_hbm_blocks=260),
+        "dead": _status("dead", t_heartbeat_s=time.time() - 3600, num_running=50),
+    }
+    return GatewayMetrics(directory, "tiny", vllm=vllm)
+
+
+def _samples(metrics: GatewayMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(metrics.registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _finish(metrics: GatewayMetrics) -> None:
+    metrics.observe_finished(
+        "interactive", "stop", ttft_s=0.3, gaps_s=[0.02, 0.04, 0.2], e2e_s=0.6, queue_s=0.1,
+        num_prompt_tokens=12, slo_ttft_s=1.0, slo_tbt_s=0.05,
+    )  # fmt: skip
+
+
+def test_engine_gauges_are_summed_over_live_workers_per_model() -> None:
+    samples = _samples(_metrics())
+    model = (("model_name", "tiny"),)
+    assert samples[("vllm:num_requests_running", model)] == 4  # 3 + 1; the dead worker is out
+    assert samples[("vllm:num_requests_waiting", model)] == 10
+    assert samples[("vllm:num_requests_swapped", model)] == 4
+    # HBM in use over all HBM: (60 + 40) / 400, not the mean of 0.6 and 0.133.
+    assert samples[("vllm:kv_cache_usage_perc", model)] == 0.25
+    assert samples[("vllm:gpu_cache_usage_perc", model)] == 0.25
+    assert samples[("vllm:cpu_cache_usage_perc", model)] == 0.25
+    assert samples[("vllm:num_preemptions_total", model)] == 8
+    assert not any(n.startswith("vllm:") and "worker" in dict(k) for n, k in samples)
+
+
+def test_request_series_carry_vllm_names_labels_and_buckets() -> None:
+    metrics = _metrics()
+    _finish(metrics)
+    samples = _samples(metrics)
+    model = (("model_name", "tiny"),)
+    assert samples[("vllm:time_to_first_token_seconds_count", model)] == 1
+    assert samples[("vllm:time_to_first_token_seconds_sum", model)] == 0.3
+    assert samples[("vllm:inter_token_latency_seconds_count", model)] == 3
+    assert samples[("vllm:time_per_output_token_seconds_count", model)] == 3
+    # vLLM's ITL buckets: 0.025 holds one gap (0.02), 0.05 two.
+    assert samples[("vllm:inter_token_latency_seconds_bucket", (("le", "0.025"), *model))] == 1
+    assert samples[("vllm:inter_token_latency_seconds_bucket", (("le", "0.05"), *model))] == 2
+    assert samples[("vllm:request_time_per_output_token_seconds_count", model)] == 1
+    assert samples[("vllm:e2e_request_latency_seconds_sum", model)] == 0.6
+    assert samples[("vllm:request_queue_time_seconds_sum", model)] == 0.1
+    assert samples[("vllm:prompt_tokens_total", model)] == 12
+    assert samples[("vllm:generation_tokens_total", model)] == 4  # first token + 3 gaps
+    reason = (("finished_reason", "stop"), ("model_name", "tiny"))
+    assert samples[("vllm:request_success_total", reason)] == 1
+    # Ours are unchanged beside them.
+    assert samples[("superinfer:slo_ttft_attained_total", (("slo_class", "interactive"),))] == 1
+
+
+def test_every_listed_series_is_exported() -> None:
+    metrics = _metrics()
+    _finish(metrics)
+    names = {name for name, _ in _samples(metrics)}
+    for series in VLLM_SERIES:
+        assert {series, f"{series}_count"} & names, series
+
+
+def test_vllm_metrics_off_exports_only_ours() -> None:
+    metrics = _metrics(vllm=False)
+    _finish(metrics)
+    names = {name for name, _ in _samples(metrics)}
+    assert not [n for n in names if n.startswith("vllm:")]
+    assert "superinfer:num_requests_running" in names
+
+
+def test_worker_series_keep_the_worker_label_and_residency() -> None:
+    samples = _samples(_metrics())
+    assert samples[("superinfer:num_requests_running", (("worker", "w1"),))] == 1
+    assert samples[("superinfer:lvf_min_residency_seconds", (("worker", "w0"),))] == 0.5
+    assert samples[("superinfer:knob", (("name", "adaptive_residency"),))] == 1.0
+    assert samples[("superinfer:knob", (("name", "min_residency_s"),))] == 0.5
+
+
+def test_vllm_metrics_setting_reads_the_environment(monkeypatch: Any) -> None:
+    monkeypatch.setenv("SUPERINFER_VLLM_METRICS", "0")
+    assert GatewaySettings().vllm_metrics is False
+    monkeypatch.delenv("SUPERINFER_VLLM_METRICS")
+    assert GatewaySettings().vllm_metrics is True
