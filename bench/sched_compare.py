@@ -51,6 +51,13 @@ when it is full, a rotation falls back to recompute). A trace not in the table g
 smallest power-of-two GiB holding both its longest request and 16 mean requests (of its first
 1,000 rows); ``--hbm-gib`` sets every trace's HBM (then every knee is searched).
 
+Reference (``--no-reference`` skips it): at each (b) point, one vllm run with
+``AMPLE_HBM_GIB`` of HBM. Its TTFT attainment less vllm's at the bench's HBM is what memory
+costs vllm there (``memory_gap_pts``); where the trace's bursts or compute bind, that gap is
+small and a memory policy that keeps requests in arrival order (LVF ranks waiting requests by
+lag, i.e. by age within a class) cannot gain much more than it. Printed under each (b) line
+with the share of it lvf wins back.
+
 Judgments (PASS/FAIL lines): (a) at every rate, lvf's goodput and output tokens/s are >= 0.95x
 vllm's; (b) at a contended rate (vllm TTFT attainment < 50 %), lvf's TTFT attainment is >= vllm's
 + 40 points on the GH200 and + 20 on the H200, with TBT attainment at most 5 points lower and
@@ -60,8 +67,9 @@ contended rate meeting the TBT and tokens/s conditions with the largest TTFT gai
 with the largest gain). The last line, ``RESULT sched_compare``: ``worst_goodput_ratio`` and
 ``worst_tput_ratio`` (minima over every trace, profile and rate; 1.0 where both are 0),
 ``gh200_gain_pts`` and ``h200_gain_pts`` (per profile, the minimum over the required traces of
-their (b) gain; nan where one has no contended rate) and ``tbt_delta_pts`` (the worst
-lvf - vllm TBT attainment difference at those points).
+their (b) gain; nan where one has no contended rate), ``tbt_delta_pts`` (the worst
+lvf - vllm TBT attainment difference at those points) and ``*_memory_gap_pts`` (the reference
+gap at the point of each profile's headline gain; nan without the reference).
 
 Runs stop at a horizon of max(3x, +60 s) the arrival window (arXiv's longest outputs take ~50 s
 alone); unfinished requests count as SLO misses (a thrashing policy can take far longer to drain
@@ -81,7 +89,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +122,7 @@ MIN_RATIO = 0.95  # (a)
 GAIN_PTS = {GH200: 40.0, H200: 20.0}  # (b)
 MAX_TBT_LOSS_PTS = 5.0
 MIN_CONTENDED_TPUT = 0.98
+AMPLE_HBM_GIB = 128.0  # the reference run at each (b) point: vllm where memory does not bind
 
 
 @dataclass(frozen=True, slots=True)
@@ -458,11 +467,33 @@ class Judgment:
     required: bool
     text: str
     point: Pair | None = None  # (b): the contended rate judged
+    ample_ttft: float | None = None  # (b): vllm's TTFT attainment there with ample HBM
 
     def line(self) -> str:
         verdict = "PASS" if self.passed else "FAIL"
         note = "" if self.required else " (for information)"
         return f"{verdict} ({self.kind}) {self.workload} on {self.profile}{note}: {self.text}"
+
+    @property
+    def memory_gap_pts(self) -> float:
+        """(b): vllm's TTFT attainment with ample HBM less its attainment at this HBM: what
+        memory costs vllm at this point (nan without the reference run)."""
+        if self.point is None or self.ample_ttft is None:
+            return math.nan
+        return 100 * (self.ample_ttft - self.point.vllm["ttft_attainment"])
+
+    def reference_line(self) -> str:
+        """(b)'s gain beside what memory costs vllm at the same point."""
+        p = self.point
+        if p is None or self.ample_ttft is None:
+            return ""
+        share = p.ttft_gain_pts / self.memory_gap_pts if self.memory_gap_pts > 0 else math.nan
+        return (
+            f"  reference {self.workload} on {self.profile} at {p.rps:g} req/s: vllm with "
+            f"{AMPLE_HBM_GIB:g} GiB HBM {_pct(self.ample_ttft).strip()} % TTFT: memory costs "
+            f"vllm {self.memory_gap_pts:.1f} pts here, lvf wins back {p.ttft_gain_pts:+.1f} "
+            f"({100 * share:.0f} %)"
+        )
 
 
 def judge_ratios(cell: Sequence[Pair], required: bool = True) -> Judgment:
@@ -534,7 +565,17 @@ def summarize(pairs: Sequence[Pair], judgments: Sequence[Judgment]) -> dict[str,
         "gh200_gain_pts": gain(GH200),
         "h200_gain_pts": gain(H200),
         "tbt_delta_pts": min((p.tbt_delta_pts for p in points), default=math.nan),
+        "gh200_memory_gap_pts": _gap(gated, GH200),
+        "h200_memory_gap_pts": _gap(gated, H200),
     }
+
+
+def _gap(gated: Sequence[Judgment], profile: str) -> float:
+    """The memory gap at the (b) point whose gain is the profile's headline (the smallest)."""
+    judged = [j for j in gated if j.profile == profile and j.point is not None]
+    if not judged:
+        return math.nan
+    return min(judged, key=lambda j: j.point.ttft_gain_pts if j.point else math.inf).memory_gap_pts
 
 
 def result_line(summary: dict[str, float]) -> str:
@@ -544,11 +585,33 @@ def result_line(summary: dict[str, float]) -> str:
         f" gh200_gain_pts={summary['gh200_gain_pts']:.1f}"
         f" h200_gain_pts={summary['h200_gain_pts']:.1f}"
         f" tbt_delta_pts={summary['tbt_delta_pts']:.1f}"
+        f" gh200_memory_gap_pts={summary.get('gh200_memory_gap_pts', math.nan):.1f}"
+        f" h200_memory_gap_pts={summary.get('h200_memory_gap_pts', math.nan):.1f}"
     )
 
 
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
+
+
+def with_ample_reference(
+    judgments: Sequence[Judgment], workloads: Sequence[Workload], args: argparse.Namespace
+) -> list[Judgment]:
+    """Each (b) judgment with vllm's TTFT attainment at its rate when HBM is ample (one vllm
+    run per point): where even that is low, the trace's bursts or compute bind, and no memory
+    policy that keeps requests in arrival order can gain much over vllm there."""
+    points = [(j, j.point) for j in judgments if j.kind == "b" and j.point is not None]
+    by_name = {w.name: w for w in workloads}
+    plan: list[Planned] = []
+    for j, p in points:
+        ample = replace(by_name[j.workload], hbm_kv_gib=AMPLE_HBM_GIB)
+        job = make_job(ample, j.profile, p.rps, "vllm", args, f"vllm ample HBM {j.profile}")
+        plan.append((j.workload, j.profile, 0.0, job))
+    refs = {
+        id(j): r.row["ttft_attainment"]
+        for (j, _), r in zip(points, run_plan(plan, args.workers), strict=True)
+    }
+    return [replace(j, ample_ttft=refs[id(j)]) if id(j) in refs else j for j in judgments]
 
 
 # --- ablation (--ablation) -------------------------------------------------------------------
@@ -734,7 +797,8 @@ def report(
     workloads: Sequence[Workload],
     runs: Sequence[Run],
     extra: Sequence[Run],
-) -> tuple[list[Judgment], dict[str, float]]:
+    judgments: Sequence[Judgment],
+) -> dict[str, float]:
     """The tables, the judgments and the summary (the RESULT line is left to the caller)."""
     pairs = make_pairs(runs)
     for w in workloads:
@@ -755,11 +819,12 @@ def report(
                 f"  {a['label']:28s} vs vllm @ {a['rps']:g}: TTFT {a['ttft_gain_pts']:+.1f} pts,"
                 f" TBT {a['tbt_delta_pts']:+.1f} pts, tok/s {tput}x"
             )
-    judgments = judge(pairs, workloads)
     print("\n== judgments")
     for j in judgments:
         print(j.line())
-    return judgments, summarize(pairs, judgments)
+        if j.reference_line():
+            print(j.reference_line())
+    return summarize(pairs, judgments)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -801,6 +866,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="knob values for every run instead of the defaults, e.g. '{\"min_residency_s\": 1}'",
     )
     add("--no-plots", action="store_true")
+    add(
+        "--reference",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help=f"at each (b) point, vllm with {AMPLE_HBM_GIB:g} GiB HBM (what memory costs vllm)",
+    )
     args = parser.parse_args(argv)
     args.duration = args.duration or (QUICK_DURATION_S if args.quick else DURATION_S)
     args.search = not args.quick if args.search is None else args.search
@@ -828,6 +899,8 @@ def results_json(
                 "required": j.required,
                 "rps": None if j.point is None else j.point.rps,
                 "text": j.text,
+                "ample_hbm_vllm_ttft": j.ample_ttft,
+                "memory_gap_pts": _finite(j.memory_gap_pts),
             }
             for j in judgments
         ],
@@ -856,7 +929,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.ablation:
         first = judge(make_pairs(runs), workloads[:1])
         extra = run_plan(ablation_plan(workloads[0], first, runs, args), args.workers)
-    judgments, summary = report(args, workloads, runs, extra)
+    judgments = judge(make_pairs(runs), workloads)
+    if args.reference:
+        judgments = with_ample_reference(judgments, workloads, args)
+    summary = report(args, workloads, runs, extra, judgments)
     out |= results_json(runs, extra, judgments, summary)
     write_json(args, out, time.perf_counter() - t0)
     if not args.no_plots:

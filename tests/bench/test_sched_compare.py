@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ from bench import sched_compare as sc
 
 RESULT_RE = re.compile(
     r"^RESULT sched_compare worst_goodput_ratio=\S+ worst_tput_ratio=\S+ "
-    r"gh200_gain_pts=\S+ h200_gain_pts=\S+ tbt_delta_pts=\S+$"
+    r"gh200_gain_pts=\S+ h200_gain_pts=\S+ tbt_delta_pts=\S+ "
+    r"gh200_memory_gap_pts=\S+ h200_memory_gap_pts=\S+$"
 )
 
 
@@ -110,6 +112,18 @@ def test_judgments_and_result_line() -> None:
     line = sc.result_line(summary)
     assert RESULT_RE.match(line)
     assert "gh200_gain_pts=45.0" in line
+    assert "gh200_memory_gap_pts=nan" in line  # no reference runs here
+
+
+def test_the_ample_hbm_reference_reads_what_memory_costs_vllm() -> None:
+    cell = [sc.Pair("t", sc.GH200, 1.0, 8.0, _row(0.4), _row(0.6))]  # +20 pts
+    judgment = replace(sc.judge_contended(cell, required=True), ample_ttft=0.65)
+    assert judgment.memory_gap_pts == pytest.approx(25.0)
+    assert "memory costs vllm 25.0 pts" in judgment.reference_line()
+    assert "(80 %)" in judgment.reference_line()
+    summary = sc.summarize(cell, [sc.judge_ratios(cell), judgment])
+    assert summary["gh200_memory_gap_pts"] == pytest.approx(25.0)
+    assert math.isnan(summary["h200_memory_gap_pts"])
 
 
 def test_no_contended_rate_fails_and_reads_nan() -> None:
@@ -157,7 +171,11 @@ def test_a_trace_not_in_the_kit_is_sized_and_searched(tmp_path: Path, capsys) ->
         "gh200_gain_pts",
         "h200_gain_pts",
         "tbt_delta_pts",
+        "gh200_memory_gap_pts",
+        "h200_memory_gap_pts",
     }
+    judged = [j for j in data["judgments"] if j["kind"] == "b" and j["rps"] is not None]
+    assert all(0 <= j["ample_hbm_vllm_ttft"] <= 1 for j in judged)  # the reference ran
 
 
 @pytest.mark.slow
