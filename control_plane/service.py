@@ -5,6 +5,10 @@ a slow control plane never falls behind). Plans go to each worker's plan stream.
 in a Redis hash with a version and are reloaded when the version changes; the last knobs and SLO
 classes it saw are written back when Redis loses them (:mod:`control_plane.keeper`). The service
 keeps no state that a restart would lose: it resumes from the next snapshot.
+
+Several replicas share the workers (:mod:`control_plane.lease`): each reads every snapshot's
+worker id (a few bytes, without decoding the rest), decodes and plans only the workers whose
+lease it holds, and publishes through the fence, so a worker gets at most one plan per iteration.
 """
 
 from __future__ import annotations
@@ -13,18 +17,21 @@ import asyncio
 import time
 from typing import Any
 
+import msgpack
 import structlog
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from control_plane.keeper import ConfigKeeper
+from control_plane.lease import PUBLISHED, Leases
 from control_plane.settings import ControlPlaneSettings
 from shared import streams
 from shared.b_xfer import resolve_b_xfer_blocks
 from shared.knobs import read_knobs
 from shared.policy import ColumnarSnapshot, Knobs, plan_handles
 from shared.policy.adaptive import ResidencyController, controlled_knobs
-from shared.protocol import RotationPlan, StateSnapshot, encode
-from shared.protocol.convert import columns_from_table, stream_messages
+from shared.protocol import ProtocolError, RotationPlan, StateSnapshot, decode, encode
+from shared.protocol.convert import columns_from_table
 from shared.runtime import (
     collect_due_garbage,
     garbage_collected_between_iterations,
@@ -32,6 +39,29 @@ from shared.runtime import (
 )
 
 log = structlog.get_logger(__name__)
+
+
+def snapshot_worker_id(data: bytes) -> str | None:
+    """The worker id of an encoded StateSnapshot, read from the first bytes of the envelope
+    (``{"v", "t", "d": [worker_id, ...]}``) without unpacking the rest; None when ``data`` is
+    not a snapshot (it is then counted malformed, as a full decode would have found)."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(1, len(data)))
+    try:
+        unpacker.feed(data)
+        tag = None
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            if key != "d":
+                value = unpacker.unpack()
+                tag = value if key == "t" else tag
+                continue
+            if tag != StateSnapshot.TYPE or unpacker.read_array_header() < 1:  # type: ignore[attr-defined]
+                return None
+            worker_id = unpacker.unpack()
+            return worker_id if isinstance(worker_id, str) else None
+    except Exception:  # msgpack raises several exception types on garbage
+        return None
+    return None
 
 
 def to_policy_snapshot(msg: StateSnapshot, b_xfer_blocks: int) -> ColumnarSnapshot:
@@ -95,17 +125,42 @@ class ControlPlane:
         self.knobs_version = -1
         self.num_plans = 0
         self.num_malformed = 0
+        self.num_fenced = 0  # plans the fence refused (lease lost, iteration already planned)
         self._last_id: Any = "$"
         self._knobs_checked_s = 0.0
         self.keeper = ConfigKeeper()
         # Per worker: (its epoch, its adaptive-residency controller); restarted with the knobs.
         self.residency: dict[str, tuple[str, ResidencyController]] = {}
+        self.leases = Leases(redis, settings.replica_id, settings.lease_ttl_ms)
+        self.seen: dict[str, float] = {}  # worker id -> when its last snapshot was read
+        self._lease_lock = asyncio.Lock()
 
     async def run(self, stop: asyncio.Event) -> None:
-        log.info("control_plane_started")
-        with garbage_collected_between_iterations():
-            await loop_with_backoff(self._iterate, stop)
-        log.info("control_plane_stopped", num_plans=self.num_plans)
+        """Plan until ``stop``, renewing the leases beside; a clean stop releases them (a
+        cancelled run, like a killed process, leaves them to expire)."""
+        log.info("control_plane_started", replica_id=self.settings.replica_id)
+        renewing = asyncio.create_task(loop_with_backoff(self._renew_leases, stop))
+        try:
+            with garbage_collected_between_iterations():
+                await loop_with_backoff(self._iterate, stop)
+        finally:
+            renewing.cancel()
+            await asyncio.gather(renewing, return_exceptions=True)
+        try:
+            await self.leases.release_all()
+        except RedisError as exc:  # they expire on their own
+            log.warning("leases_not_released", error=str(exc))
+        log.info("control_plane_stopped", num_plans=self.num_plans, num_fenced=self.num_fenced)
+
+    async def _renew_leases(self) -> None:
+        await self._lease_round()
+        await asyncio.sleep(self.settings.lease_renew_s)
+
+    async def _lease_round(self) -> None:
+        async with self._lease_lock:
+            forget_before = time.monotonic() - self.settings.worker_forget_s
+            self.seen = {w: t for w, t in self.seen.items() if t >= forget_before}
+            await self.leases.round(set(self.seen))
 
     async def _iterate(self) -> None:
         if self.knobs_version < 0:
@@ -117,21 +172,46 @@ class ControlPlane:
         response: Any = await self.redis.xread(
             {streams.SNAPSHOTS_STREAM: self._last_id}, count=512, block=self.settings.read_block_ms
         )
-        newest: dict[str, StateSnapshot] = {}
-        for entry_id, msg in stream_messages(response, StateSnapshot, "malformed_snapshot"):
-            self._last_id = entry_id
-            if msg is None:
-                self.num_malformed += 1
-            else:
-                newest[msg.worker_id] = msg
-        if newest:
-            await self._publish_plans(list(newest.values()))
+        newest = self._newest_per_worker(response)
+        if not self.seen.keys() >= newest.keys():
+            for worker_id in newest:
+                self.seen[worker_id] = time.monotonic()
+            await self._lease_round()  # a new worker: take it now, plan this snapshot
+        snapshots = [self._decoded(d) for w, d in newest.items() if w in self.leases.owned]
+        plannable = [m for m in snapshots if m is not None]
+        if plannable:
+            await self._publish_plans(plannable)
         collect_due_garbage()  # the plans are out: off the round trip's critical path
 
+    def _newest_per_worker(self, response: Any) -> dict[str, bytes]:
+        """Each worker's newest encoded snapshot in ``response``, known by its id alone."""
+        newest: dict[str, bytes] = {}
+        now = time.monotonic()
+        for _, entries in response or []:
+            for entry_id, fields in entries:
+                self._last_id = entry_id
+                data = fields.get(b"m", b"")
+                worker_id = snapshot_worker_id(data)
+                if worker_id is None:
+                    self.num_malformed += 1
+                    log.error("malformed_snapshot", entry_id=entry_id)
+                    continue
+                if worker_id in self.seen:
+                    self.seen[worker_id] = now
+                newest[worker_id] = data
+        return newest
+
+    def _decoded(self, data: bytes) -> StateSnapshot | None:
+        try:
+            return decode(data, StateSnapshot)
+        except ProtocolError as exc:
+            self.num_malformed += 1
+            log.error("malformed_snapshot", error=str(exc))
+            return None
+
     async def _publish_plans(self, snapshots: list[StateSnapshot]) -> None:
-        """One plan per snapshot, each to its worker's plan stream with its own XADD (sent
-        together; with one worker, the common case, that is a single command)."""
-        writes = []
+        """One plan per snapshot, all published through the fence in one round trip."""
+        plans: list[tuple[str, str, int, bytes]] = []
         for msg in snapshots:
             try:
                 plan = plan_for(msg, self.knobs, self.knobs_version, self._residency_of(msg))
@@ -139,13 +219,11 @@ class ControlPlane:
                 self.num_malformed += 1
                 log.error("unplannable_snapshot", worker_id=msg.worker_id, error=str(exc))
                 continue
-            stream = streams.worker_plans_stream(msg.worker_id)
-            data = encode(plan)
-            writes.append(
-                self.redis.xadd(stream, {"m": data}, maxlen=streams.MAXLEN_PLANS, approximate=True)
-            )
-            self.num_plans += 1
-        await asyncio.gather(*writes)
+            plans.append((msg.worker_id, msg.epoch, msg.iteration, encode(plan)))
+        results = await self.leases.publish(plans) if plans else []
+        published = sum(1 for r in results if r == PUBLISHED)
+        self.num_plans += published
+        self.num_fenced += len(results) - published
 
     def _residency_of(self, msg: StateSnapshot) -> ResidencyController:
         """The worker's controller; a new incarnation (epoch) starts a new one."""

@@ -16,6 +16,9 @@ WORKERS_KEY = f"{PREFIX}:workers"
 GATEWAYS_KEY = f"{PREFIX}:gateways"
 # Key the control plane refreshes (with a TTL) while it runs.
 CONTROL_PLANE_HEARTBEAT_KEY = f"{PREFIX}:control-plane:alive"
+# Sorted set of live control-plane replicas: replica token -> expiry (unix ms), refreshed with
+# each replica's lease renewal; its size is how many replicas share the workers.
+CONTROL_PLANE_REPLICAS_KEY = f"{PREFIX}:control-plane:replicas"
 # Consumer group of a worker on its own request stream.
 WORKER_GROUP = "worker"
 
@@ -28,6 +31,18 @@ def worker_requests_stream(worker_id: str) -> str:
 def worker_plans_stream(worker_id: str) -> str:
     """Rotation plans for one worker, written by the control plane."""
     return f"{PREFIX}:worker:{worker_id}:plans"
+
+
+def worker_owner_key(worker_id: str) -> str:
+    """The lease: the token of the control-plane replica that plans for this worker (SET NX
+    PX, renewed and released only by its holder; control_plane/lease.py)."""
+    return f"{PREFIX}:worker:{worker_id}:owner"
+
+
+def worker_plan_fence_key(worker_id: str) -> str:
+    """Hash {epoch, iteration} of the newest snapshot a plan was published for: a plan for the
+    same or an older iteration of that epoch is refused, whichever replica sends it."""
+    return f"{PREFIX}:worker:{worker_id}:planned"
 
 
 def gateway_outputs_stream(gateway_id: str) -> str:
