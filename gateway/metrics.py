@@ -70,6 +70,11 @@ class GatewayMetrics:
             "superinfer:slo_ttft_attained", "Requests with TTFT <= the class's TTFT SLO",
             ["slo_class"], registry=reg,
         )  # fmt: skip
+        self.slo_good = Counter(
+            "superinfer:slo_good_requests",
+            "Requests with TTFT and mean TPOT within the class's SLOs (goodput, as vllm bench)",
+            ["slo_class"], registry=reg,
+        )  # fmt: skip
         self.slo_tbt_gaps = Counter(
             "superinfer:slo_tbt_gaps", "Inter-token gaps judged", ["slo_class"], registry=reg
         )
@@ -103,10 +108,15 @@ class GatewayMetrics:
         if queue_s is not None:
             self.queue_time.labels(*labels).observe(max(0.0, queue_s))
         self.slo_requests.labels(slo_class).inc()
+        for counter in (self.slo_ttft_met, self.slo_good, self.slo_tbt_met, self.slo_tbt_gaps):
+            counter.labels(slo_class)  # exported at 0 from the class's first request: a class
+            # that never meets its objective reads 0 attainment, not "no data"
         if ttft_s is not None:
             self.ttft.labels(*labels).observe(ttft_s)
             if ttft_s <= slo_ttft_s:
                 self.slo_ttft_met.labels(slo_class).inc()
+                if not gaps_s or sum(gaps_s) / len(gaps_s) <= slo_tbt_s:
+                    self.slo_good.labels(slo_class).inc()
         histogram = self.itl.labels(*labels)
         for gap_s in gaps_s:
             histogram.observe(gap_s)
@@ -185,4 +195,6 @@ class _WorkerCollector(Collector):
         version.add_metric([], d.knobs_version)
         cp = GaugeMetricFamily("superinfer:control_plane_up", "1 while the control plane beats")
         cp.add_metric([], 1.0 if d.control_plane_alive else 0.0)
-        yield from (knobs, policy, version, cp)
+        redis = GaugeMetricFamily("superinfer:redis_up", "1 while this gateway reaches Redis")
+        redis.add_metric([], 1.0 if d.redis_ok else 0.0)
+        yield from (knobs, policy, version, cp, redis)

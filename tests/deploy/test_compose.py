@@ -196,7 +196,9 @@ def test_gateway_published_on_loopback_unless_asked(compose: dict[str, Any]) -> 
     everywhere = load(edited_env(SUPERINFER_BIND="0.0.0.0", SUPERINFER_GATEWAY_PORT="9000"))
     assert everywhere["services"]["gateway"]["ports"] == ["0.0.0.0:9000:8000"]
     for name, spec in compose["services"].items():
-        if name != "gateway":
+        if name in ("prometheus", "grafana"):  # profile observability: loopback too
+            assert [p.split(":")[0] for p in spec["ports"]] == ["127.0.0.1"], name
+        elif name != "gateway":
             assert "ports" not in spec, name  # Redis and the rest: the compose network only
 
 

@@ -89,7 +89,10 @@ def test_request_series_carry_vllm_names_labels_and_buckets() -> None:
     reason = (("finished_reason", "stop"), ("model_name", "tiny"))
     assert samples[("vllm:request_success_total", reason)] == 1
     # Ours are unchanged beside them.
-    assert samples[("superinfer:slo_ttft_attained_total", (("slo_class", "interactive"),))] == 1
+    interactive = (("slo_class", "interactive"),)
+    assert samples[("superinfer:slo_ttft_attained_total", interactive)] == 1
+    # Mean TPOT 0.087 s > the class's 0.05 s: TTFT met, not goodput.
+    assert samples[("superinfer:slo_good_requests_total", interactive)] == 0
 
 
 def test_every_listed_series_is_exported() -> None:
@@ -114,6 +117,26 @@ def test_worker_series_keep_the_worker_label_and_residency() -> None:
     assert samples[("superinfer:lvf_min_residency_seconds", (("worker", "w0"),))] == 0.5
     assert samples[("superinfer:knob", (("name", "adaptive_residency"),))] == 1.0
     assert samples[("superinfer:knob", (("name", "min_residency_s"),))] == 0.5
+    assert samples[("superinfer:redis_up", ())] == 0.0  # never refreshed
+
+
+def test_goodput_counts_requests_within_both_slos() -> None:
+    metrics = _metrics()
+    for gaps in ([0.01, 0.02], [0.01, 0.2], []):
+        metrics.observe_finished("batch", "stop", 0.5, gaps, 1.0, 0.1, 3, 1.0, 0.05)
+    metrics.observe_finished("batch", "stop", 2.0, [0.01], 3.0, 0.1, 3, 1.0, 0.05)  # TTFT late
+    samples = _samples(metrics)
+    assert samples[("superinfer:slo_good_requests_total", (("slo_class", "batch"),))] == 2
+
+
+def test_a_class_that_never_attains_reads_zero_not_absent() -> None:
+    metrics = _metrics()
+    metrics.observe_finished("gold", "stop", 2.0, [], 2.0, 0.1, 3, 1.0, 0.05)
+    samples = _samples(metrics)
+    gold = (("slo_class", "gold"),)
+    assert samples[("superinfer:slo_requests_total", gold)] == 1
+    for name in ("slo_ttft_attained", "slo_good_requests", "slo_tbt_attained_gaps"):
+        assert samples[(f"superinfer:{name}_total", gold)] == 0, name
 
 
 def test_vllm_metrics_setting_reads_the_environment(monkeypatch: Any) -> None:
