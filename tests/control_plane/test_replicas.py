@@ -136,7 +136,7 @@ async def fleet(redis_client) -> AsyncIterator[Fleet]:
     await redis.aclose()
 
 
-async def _owners(redis: Redis, fleet: Fleet) -> list[bytes | None]:
+async def _owners(redis: Redis, fleet: Fleet) -> list[bytes | str | None]:
     return await redis.mget([streams.worker_owner_key(s.worker_id) for s in fleet.standins])
 
 

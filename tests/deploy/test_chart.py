@@ -602,3 +602,16 @@ def test_containers_run_superinfer_commands_with_valid_settings(
         assert settings.admin_token == SECRET_STAND_IN
     if which != "external-redis":
         assert settings.redis_url == f"redis://:{SECRET_STAND_IN}@demo-superinfer-redis:6379/0"
+
+
+def test_control_plane_replicas_share_workers_by_lease() -> None:
+    """controlPlane.replicas > 1: rolled one at a time, each named by its pod (the holder its
+    leases carry), the lease TTL from the values."""
+    docs = render({"controlPlane": {"replicas": 2, "leaseTtlMs": 2000}})
+    control = find(docs, "Deployment", "-control-plane")
+    assert control["spec"]["replicas"] == 2
+    assert control["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert control["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
+    env = env_of(container(control))
+    assert env["SUPERINFER_REPLICA_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["SUPERINFER_LEASE_TTL_MS"]["value"] == "2000"
