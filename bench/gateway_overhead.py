@@ -27,6 +27,7 @@ from redis.asyncio import Redis
 
 from shared import streams
 from shared.protocol import SubmitRequest, TokenOutput, TokenOutputs, decode, encode
+from shared.sampling import SamplingParams
 from shared.tokenizer import ByteTokenizer
 
 PROMPT = "SuperInfer rotates requests between HBM and host memory."
@@ -68,7 +69,9 @@ async def _direct_ttft_s(redis: Redis, prompt_ids: list[int], reply: str) -> flo
     last: list = await redis.xrevrange(reply, count=1)
     last_id = last[0][0] if last else "0-0"
     t_start = time.perf_counter()
-    submit = SubmitRequest(request_id, prompt_ids, reply, time.time(), 1, 0.0, ignore_eos=True)
+    submit = SubmitRequest(
+        request_id, prompt_ids, reply, time.time(), SamplingParams(1, 0.0, ignore_eos=True)
+    )
     await redis.xadd(streams.worker_requests_stream("worker-0"), {"m": encode(submit)})
     ttft_s = None
     async for msg in _outputs(redis, reply, last_id, request_id):

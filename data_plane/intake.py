@@ -15,9 +15,7 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from data_plane.engine.sampling import SamplingParams
 from shared import streams
-from shared.protocol import SubmitRequest
 
 log = structlog.get_logger(__name__)
 Entry = tuple[bytes, dict[bytes, bytes]]
@@ -88,15 +86,3 @@ class Intake:
             log.error(
                 "request_ack_failed", worker_id=self.worker_id, num_entries=len(ids), error=str(exc)
             )
-
-
-def sampling_params(msg: SubmitRequest) -> SamplingParams:
-    return SamplingParams(
-        max_tokens=msg.max_tokens,
-        temperature=msg.temperature,
-        top_p=msg.top_p,
-        top_k=msg.top_k,
-        seed=msg.seed,
-        stop_token_ids=tuple(msg.stop_token_ids or ()),
-        ignore_eos=msg.ignore_eos,
-    )

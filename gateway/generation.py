@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 from redis.asyncio import Redis
@@ -17,9 +17,11 @@ from gateway.dispatcher import Dispatcher, RequestHandle
 from gateway.errors import APIError
 from gateway.limits import KeyLimiter
 from gateway.metrics import GatewayMetrics
+from gateway.placement import Placement
 from gateway.settings import GatewaySettings
 from gateway.workers import WorkerDirectory
 from shared.protocol import SubmitRequest, TokenOutput
+from shared.sampling import SamplingParams
 from shared.slo import SloClass
 from shared.tokenizer import Tokenizer
 
@@ -29,14 +31,8 @@ log = structlog.get_logger(__name__)
 @dataclass(frozen=True, slots=True)
 class GenerationParams:
     prompt_token_ids: list[int]
-    max_tokens: int
+    sampling: SamplingParams
     slo: SloClass
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    ignore_eos: bool = False
     priority: int = 0
     tenant: str | None = None
     key_id: str | None = None  # the API key's id, for its limits
@@ -76,18 +72,23 @@ class Generation:
     """A submitted request; iterate :meth:`deltas` once. Its usage counts are final after."""
 
     def __init__(
-        self, service: GenerationService, handle: RequestHandle, params: GenerationParams
+        self,
+        service: GenerationService,
+        handle: RequestHandle,
+        params: GenerationParams,
+        placement: Placement,
     ) -> None:
         self.service = service
         self.handle = handle
         self.params = params
+        self.placement = placement
         self.request_id = handle.request_id
         self.num_prompt_tokens = len(params.prompt_token_ids)
         self.num_completion_tokens = 0
         self.finish_reason: str | None = None
         self._timeline = _Timeline(time.time())
         self._detok = IncrementalDetokenizer(
-            service.tokenizer, params.prompt_token_ids, params.stop
+            service.tokenizer, params.prompt_token_ids, list(params.sampling.stop)
         )
         self._wait_deadline: float | None = None  # loop time the current wait times out at
 
@@ -151,7 +152,7 @@ class Generation:
         if msg.t_first_run_s is not None:
             self._timeline.t_first_run_s = msg.t_first_run_s
         if msg.token_ids and self._timeline.t_first_s is None:
-            self.service.directory.dequeue(self.handle.worker_id, self.num_prompt_tokens)
+            self.placement.started()
             self.handle.submit = None
         self._timeline.on_tokens(len(msg.token_ids), now)
         self.num_completion_tokens += len(msg.token_ids)
@@ -188,6 +189,7 @@ class GenerationService:
         self.directory = directory
         self.metrics = metrics
         self._background: set[asyncio.Task[None]] = set()
+        self.active: dict[str, Generation] = {}  # by request id, until finish()
         self.key_limiter = KeyLimiter(
             settings.max_concurrent_per_key, settings.max_requests_per_s_per_key
         )
@@ -196,37 +198,31 @@ class GenerationService:
         """Route and submit; 503/429 when no worker can take it."""
         num_prompt_tokens = len(params.prompt_token_ids)
         status = self.directory.choose(num_prompt_tokens)
-        if params.key_id is not None:
-            self.key_limiter.acquire(params.key_id)  # 429 when over the key's limits
+        placement = Placement(  # before any await; 429 when over the key's limits
+            self.directory, self.key_limiter, status.worker_id, num_prompt_tokens, params.key_id
+        )
         handle = self.dispatcher.open(request_id, status.worker_id, num_prompt_tokens)
         handle.worker_epoch, handle.t_worker_seen_s = status.epoch, status.t_heartbeat_s
-        generation = Generation(self, handle, params)
+        generation = Generation(self, handle, params, placement)
         submit = SubmitRequest(
             request_id=request_id,
             prompt_token_ids=params.prompt_token_ids,
             reply_stream=self.dispatcher.reply_stream,
             t_arr_s=generation.timeline.t_arr_s,
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            seed=params.seed,
-            ignore_eos=params.ignore_eos,
+            sampling=replace(params.sampling, stop=()),
             priority=params.priority,
             slo_class=params.slo.name,
             slo_ttft_s=params.slo.ttft_s,
             slo_tbt_s=params.slo.tbt_s,
         )
-        self.directory.enqueue(status.worker_id, num_prompt_tokens)  # before any await
         try:
             await self.dispatcher.submit(handle, submit)
         except RedisError as exc:
             self.dispatcher.release(handle)
-            self.directory.dequeue(status.worker_id, num_prompt_tokens)
-            if params.key_id is not None:
-                self.key_limiter.release(params.key_id)
+            placement.release()
             raise APIError(503, f"could not reach the request bus: {exc}", code="bus") from exc
         handle.submit = submit
+        self.active[request_id] = generation
         log.info("request_submitted", request_id=request_id, worker_id=status.worker_id)
         return generation
 
@@ -236,10 +232,8 @@ class GenerationService:
         if handle.done:
             return
         self.dispatcher.release(handle)
-        if generation.params.key_id is not None:
-            self.key_limiter.release(generation.params.key_id)
-        if timeline.t_first_s is None:
-            self.directory.dequeue(handle.worker_id, generation.num_prompt_tokens)
+        generation.placement.release()
+        self.active.pop(generation.request_id, None)
         reason = generation.finish_reason
         if reason is None:  # the client went away, or an error: free the worker's blocks
             self.abort_later(handle)
@@ -272,8 +266,9 @@ class GenerationService:
         token yet go to another worker, the others end with a clear error."""
         now = time.time()
         dead_s = self.settings.worker_dead_s
-        for handle in list(self.dispatcher.handles.values()):
-            if handle.done:  # finished while an earlier handle was being moved
+        for generation in list(self.active.values()):
+            handle = generation.handle
+            if handle.done:  # finished while an earlier request was being moved
                 continue
             status = self.directory.statuses.get(handle.worker_id)
             if status is not None and status.epoch == handle.worker_epoch:
@@ -283,7 +278,7 @@ class GenerationService:
                 continue
             if handle.submit is not None and handle.num_received == 0:
                 try:
-                    if await self._resubmit(handle):
+                    if await self._resubmit(generation):
                         continue
                 except RedisError as exc:
                     log.error("resubmit_failed", request_id=handle.request_id, error=str(exc))
@@ -292,18 +287,17 @@ class GenerationService:
             log.error("request_lost_with_worker", request_id=handle.request_id, reason=reason)
             self.dispatcher.fail(handle, APIError(503, message, code="worker_lost"))
 
-    async def _resubmit(self, handle: RequestHandle) -> bool:
-        old_worker_id, submit = handle.worker_id, handle.submit
-        candidates = [s for s in self.directory.routable() if s.worker_id != old_worker_id]
+    async def _resubmit(self, generation: Generation) -> bool:
+        handle, submit = generation.handle, generation.handle.submit
+        candidates = [s for s in self.directory.routable() if s.worker_id != handle.worker_id]
         if submit is None or not candidates:
             return False
         status = min(candidates, key=self.directory.predicted_lag_s)
+        generation.placement.move(status.worker_id)  # before the await (no-op once released)
         await self.dispatcher.move(handle, submit, status.worker_id)
         if handle.done:  # the client left while it moved: drop the new copy too
             self.abort_later(handle)
             return True
-        self.directory.dequeue(old_worker_id, handle.num_prompt_tokens)
-        self.directory.enqueue(status.worker_id, handle.num_prompt_tokens)
         handle.worker_epoch, handle.t_worker_seen_s = status.epoch, status.t_heartbeat_s
         log.warning("request_moved", request_id=handle.request_id, worker_id=status.worker_id)
         return True

@@ -18,9 +18,10 @@ from gateway.errors import APIError
 from gateway.fastlane import FastRoutes
 from gateway.generation import KEEPALIVE, Generation, GenerationParams
 from gateway.openai_models import ChatCompletionRequest, CompletionRequest, SamplingFields
+from gateway.sampling import generation_params
 from gateway.sse import KEEPALIVE_EVENT, ChunkBuilder, ChunkFormat, SseResponse
 from gateway.state import GatewayState
-from gateway.tenancy import Caller, authenticate, served_class, served_priority
+from gateway.tenancy import admit, authenticate
 from gateway.unsupported import reject_unsupported
 
 router = APIRouter()
@@ -56,10 +57,10 @@ async def chat_completions(
 ) -> JSONResponse | SseResponse:
     state = _state(request)
     reject_unsupported(body)
-    caller = await _admit(state, request, body)  # before anything costly: the key first
+    caller = await admit(state, request, body)  # before anything costly: the key first
     prompt_ids = await state.prompts.chat_completion(body)
     max_tokens = body.max_completion_tokens or body.max_tokens
-    params = _params(state, request, body, caller, prompt_ids, max_tokens)
+    params = generation_params(state, request, body, caller, prompt_ids, max_tokens)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     generation = await _start(state, request_id, params)
     created = int(time.time())
@@ -80,10 +81,10 @@ async def chat_completions(
 async def completions(body: CompletionRequest, request: Request) -> JSONResponse | SseResponse:
     state = _state(request)
     reject_unsupported(body)
-    caller = await _admit(state, request, body)  # before anything costly: the key first
+    caller = await admit(state, request, body)  # before anything costly: the key first
     prompt_ids = await state.prompts.completion(body.prompt)
     max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's and vLLM's default
-    params = _params(state, request, body, caller, prompt_ids, max_tokens)
+    params = generation_params(state, request, body, caller, prompt_ids, max_tokens)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     generation = await _start(state, request_id, params)
     head = {"id": request_id, "created": int(time.time()), "model": state.model_name}
@@ -104,64 +105,6 @@ def fast_routes() -> FastRoutes:
         "/v1/chat/completions": (ChatCompletionRequest, chat_completions),
         "/v1/completions": (CompletionRequest, completions),
     }
-
-
-# ---- request -> generation parameters ---------------------------------------------------
-
-
-async def _admit(state: GatewayState, request: Request, body: SamplingFields) -> Caller:
-    caller = await authenticate(state, request)
-    if body.model is not None and body.model != state.model_name:
-        name = body.model if len(body.model) <= 200 else f"{body.model[:200]}..."
-        raise APIError(404, f"the model {name!r} does not exist", "model", "model_not_found")
-    return caller
-
-
-def _params(
-    state: GatewayState,
-    request: Request,
-    body: SamplingFields,
-    caller: Caller,
-    prompt_ids: list[int],
-    max_tokens: int | None,
-) -> GenerationParams:
-    settings = state.settings
-    slo = served_class(state, caller, request.headers.get("x-slo-class"))
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    if len(stop) > settings.max_stop_strings or any(
-        len(s) > settings.max_stop_string_chars for s in stop
-    ):
-        raise APIError(400, "too many or too long stop strings", param="stop")
-    if not prompt_ids:
-        raise APIError(400, "the prompt is empty", param="prompt")
-    max_model_len = state.directory.max_model_len()
-    if max_model_len is None:
-        raise APIError(503, "no data-plane worker is available", code="no_worker")
-    num_prompt = len(prompt_ids)
-    if max_tokens is None:
-        max_tokens = max_model_len - num_prompt
-    if num_prompt + max_tokens > max_model_len or max_tokens < 1:
-        raise APIError(
-            400,
-            f"this model's maximum context length is {max_model_len} tokens; the request has "
-            f"{num_prompt} prompt tokens and asks for {max_tokens} more",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
-    return GenerationParams(
-        prompt_token_ids=prompt_ids,
-        max_tokens=max_tokens,
-        slo=slo,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=None if body.top_k in (None, -1, 0) else body.top_k,
-        seed=body.seed,
-        stop=stop,
-        ignore_eos=body.ignore_eos,
-        priority=served_priority(caller, body.priority),
-        tenant=caller.tenant,
-        key_id=caller.key_id,
-    )
 
 
 async def _start(state: GatewayState, request_id: str, params: GenerationParams) -> Generation:

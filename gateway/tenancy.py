@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 
 from gateway.auth import ApiKey, bearer
 from gateway.errors import APIError
+from gateway.openai_models import SamplingFields
 from gateway.state import GatewayState
 from shared.slo import SloClass
 
@@ -78,3 +79,13 @@ def _default_class(state: GatewayState) -> SloClass:
     classes = state.directory.slo_classes
     default = classes.get(state.settings.default_slo_class)
     return default if default is not None else next(iter(classes.values()))
+
+
+async def admit(state: GatewayState, request: Request, body: SamplingFields) -> Caller:
+    """The caller of a generation request, checked before anything costly is done for it: its
+    key, then the model it names (404 for another)."""
+    caller = await authenticate(state, request)
+    if body.model is not None and body.model != state.model_name:
+        name = body.model if len(body.model) <= 200 else f"{body.model[:200]}..."
+        raise APIError(404, f"the model {name!r} does not exist", "model", "model_not_found")
+    return caller

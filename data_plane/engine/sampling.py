@@ -1,33 +1,13 @@
-"""Sampling parameters and the sampler's rows: plain data, no torch (the engine core and the
-wire use them; the sampler itself is ``sampler.py``)."""
+"""The sampler's rows: plain data, no torch (the sampler itself is ``sampler.py``). The
+parameters are :class:`shared.sampling.SamplingParams`, one type from the gateway to here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.sampling import SamplingParams
 
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if self.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1 or unset, got {self.top_k}")
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
+__all__ = ["SamplingParams", "SamplingRow"]
 
 
 @dataclass(slots=True)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shared.protocol.codec import message
+from shared.sampling import SamplingParams
 
 # ---- to a worker (its request stream) ------------------------------------------------------
 
@@ -20,13 +21,7 @@ class SubmitRequest:
     prompt_token_ids: list[int]
     reply_stream: str  # where the worker writes this request's outputs (TokenOutputs batches)
     t_arr_s: float
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    seed: int | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
+    sampling: SamplingParams  # as the gateway built it; stop strings stay with the gateway
     priority: int = 0
     slo_class: str | None = None
     slo_ttft_s: float | None = None

@@ -42,20 +42,7 @@ def _params(index: int) -> SamplingParams:
 
 
 def _submit(index: int, tokens: list[int], worker_id: str = "w0") -> SubmitRequest:
-    p = _params(index)
-    return SubmitRequest(
-        f"req-{index}",
-        tokens,
-        REPLY,
-        time.time(),
-        p.max_tokens,
-        p.temperature,
-        p.top_p,
-        p.top_k,
-        p.seed,
-        None,
-        p.ignore_eos,
-    )
+    return SubmitRequest(f"req-{index}", tokens, REPLY, time.time(), _params(index))
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +89,15 @@ class Services:
         self.cp = ControlPlane(settings, self.cp_redis)
         self.cp_stop = asyncio.Event()
         self.cp_task = asyncio.create_task(self.cp.run(self.cp_stop))
+
+    async def control_plane_reading(self, timeout_s: float = 20.0) -> None:
+        """Until the control plane has placed its read position (it reads the snapshots
+        written after that; a fixed sleep was too short on a loaded machine)."""
+        assert self.cp is not None
+        deadline = time.monotonic() + timeout_s
+        while self.cp._last_id == "$":
+            assert time.monotonic() < deadline, "the control plane never started reading"
+            await asyncio.sleep(0.01)
 
     async def kill_control_plane(self) -> None:
         """Like kill -9: the task dies mid-command and closes nothing."""
@@ -240,7 +236,7 @@ async def test_malformed_messages_are_skipped(redis_client, stories_setup, stori
     prompts, offline = stories_setup
     services = Services(redis_client, _worker_settings(stories_path, policy="vllm"))
     services.start_control_plane()
-    await asyncio.sleep(0.3)  # the control plane reads snapshots written after it started
+    await services.control_plane_reading()  # it reads snapshots written after that
     garbage = [b"", b"\xc1", b"not msgpack at all", encode(_submit(0, [1]))[:-3]]
     for blob in garbage:
         await redis_client.xadd(streams.worker_requests_stream("w0"), {"m": blob})

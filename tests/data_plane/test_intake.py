@@ -14,6 +14,7 @@ from redis.exceptions import ConnectionError
 
 from shared import streams
 from shared.protocol import AbortRequest, SubmitRequest, TokenOutputs, encode
+from shared.sampling import SamplingParams
 from tests.data_plane.worker_support import (
     finished_outputs,
     push,
@@ -29,7 +30,7 @@ NOT_A_STREAM = streams.gateway_outputs_stream("not-a-stream")  # a refusal's XAD
 def _refused_into_a_key_that_is_no_stream() -> SubmitRequest:
     """Refused (600 tokens, the context holds 512), its error output bound for a key that is
     not a stream: writing it fails."""
-    return SubmitRequest("refused", [1] * 600, NOT_A_STREAM, time.time(), 4)
+    return SubmitRequest("refused", [1] * 600, NOT_A_STREAM, time.time(), SamplingParams(4))
 
 
 async def _push_poison(redis: Redis) -> int:

@@ -16,6 +16,7 @@ from data_plane.main import build_worker
 from data_plane.settings import WorkerSettings
 from shared import streams
 from shared.protocol import SubmitRequest, TokenOutput, TokenOutputs, decode, encode
+from shared.sampling import SamplingParams
 from tests.redis_support import redis_url
 
 REPLY = streams.gateway_outputs_stream("intake-test")
@@ -39,7 +40,7 @@ def settings(stories_path: Path, **overrides: Any) -> WorkerSettings:
 
 
 def submit(request_id: str, max_tokens: int = 4, reply: str = REPLY) -> SubmitRequest:
-    return SubmitRequest(request_id, [1, 2, 3], reply, time.time(), max_tokens, 0.0)
+    return SubmitRequest(request_id, [1, 2, 3], reply, time.time(), SamplingParams(max_tokens, 0.0))
 
 
 async def push(redis: Redis, *messages: object, worker_id: str = "w0") -> list[bytes]:

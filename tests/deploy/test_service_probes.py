@@ -22,6 +22,7 @@ from data_plane.settings import WorkerSettings
 from shared import streams
 from shared.knobs import read_knobs, write_knobs
 from shared.protocol import SubmitRequest, TokenOutputs, decode, encode
+from shared.sampling import SamplingParams
 from shared.slo import read_slo_classes
 from tests.redis_support import redis_url
 
@@ -76,9 +77,7 @@ async def test_worker_probes_metrics_and_drain(redis_client: Redis) -> None:
             prompt_token_ids=[72, 101, 108, 108, 111],
             reply_stream=REPLY,
             t_arr_s=time.time(),
-            max_tokens=40,
-            temperature=0.0,
-            ignore_eos=True,
+            sampling=SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True),
         )
         await redis_client.xadd(streams.worker_requests_stream("probe-w0"), {"m": encode(request)})
         deadline = time.monotonic() + 20

@@ -16,8 +16,11 @@ from openai import AsyncOpenAI
 from gateway.dispatcher import RequestHandle
 from gateway.errors import APIError
 from gateway.generation import KEEPALIVE, Generation, GenerationParams
+from gateway.limits import KeyLimiter
+from gateway.placement import Placement
 from gateway.settings import GatewaySettings
 from shared.protocol import TokenOutput
+from shared.sampling import SamplingParams
 from shared.slo import SloClass
 from shared.tokenizer import ByteTokenizer
 from tests.served import Served
@@ -32,7 +35,7 @@ class _Service:
     def __init__(self, token_timeout_s: float) -> None:
         self.settings = GatewaySettings(admin_disabled=True, token_timeout_s=token_timeout_s)
         self.tokenizer = ByteTokenizer()
-        self.directory = SimpleNamespace(dequeue=lambda *_: None)
+        self.directory = SimpleNamespace(enqueue=lambda *_: None, dequeue=lambda *_: None)
         self.num_finished = 0
 
     def finish(self, _: Generation) -> None:
@@ -42,9 +45,10 @@ class _Service:
 def _generation(token_timeout_s: float) -> tuple[Generation, RequestHandle, _Service]:
     service = _Service(token_timeout_s)
     handle = RequestHandle("r", "w", 2, asyncio.Queue())
-    params = GenerationParams([1, 2], 8, SloClass("standard", 5.0, 0.1))
+    params = GenerationParams([1, 2], SamplingParams(8), SloClass("standard", 5.0, 0.1))
     service_any: Any = service
-    return Generation(service_any, handle, params), handle, service
+    placement = Placement(service_any.directory, KeyLimiter(4, 4.0), "w", 2, None)
+    return Generation(service_any, handle, params, placement), handle, service
 
 
 def _tokens(text: str) -> list[int]:

@@ -89,7 +89,9 @@ def test_the_control_plane_keeps_one_controller_per_worker_incarnation() -> None
     from control_plane.service import ControlPlane
     from control_plane.settings import ControlPlaneSettings
 
-    plane = ControlPlane(ControlPlaneSettings(), redis=None)  # type: ignore[arg-type]
+    from redis.asyncio import Redis
+
+    plane = ControlPlane(ControlPlaneSettings(), redis=Redis())  # never connects here
     msg = dataclasses.make_dataclass("Msg", ["worker_id", "epoch"])
     first = plane._residency_of(msg("w0", "e1"))  # type: ignore[arg-type]
     assert plane._residency_of(msg("w0", "e1")) is first  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ from shared.protocol import (
 )
 from shared.protocol.convert import columns_from_table, rows_from_table, table_from_rows
 from shared.protocol.messages import TABLE_COLUMNS, RequestTable
+from shared.sampling import SamplingParams
 
 ROWS = [
     RequestRow("running", 1.0, 2.0, None, 10, 9, 3, 1, 1, 0, None, 0.1, True, 4),
@@ -37,7 +38,15 @@ ROWS = [
 
 SAMPLES = [
     SubmitRequest(
-        "r1", [1, 2, 3], "out", 1.5, 16, 0.7, 0.9, 40, 7, [2], True, 1, "interactive", 1.0, 0.05
+        "r1",
+        [1, 2, 3],
+        "out",
+        1.5,
+        SamplingParams(16, 0.7, 0.9, 40, 7, (), (2,), True),
+        1,
+        "interactive",
+        1.0,
+        0.05,
     ),
     AbortRequest("r1"),
     RotationPlan("w0", "e1", 12, 3, "lvf", [5], [2**40], [4], [], False, 2.0, 64),

@@ -27,6 +27,7 @@ from shared.protocol import (
 )
 from shared.protocol.convert import table_from_rows
 from shared.protocol.limits import MAX_ERROR_CHARS, MAX_OUTPUTS_PER_MESSAGE
+from shared.sampling import SamplingParams
 
 MB = 1 << 20
 ENVELOPE = b"\x83" + b"".join(msgpack.packb(x) for x in ("v", SCHEMA_VERSION, "t", "submit", "d"))
@@ -82,9 +83,11 @@ def test_a_prompt_of_max_model_len_tokens_decodes_and_one_past_the_bound_does_no
     for max_model_len in (512, 131_072):
         limits = Limits.for_prompts(max_model_len)
         prompt = [2**32 - 1 - i for i in range(max_model_len)]  # the widest token ids
-        msg = SubmitRequest("r" * 64, prompt, "s" * 64, time.time(), 16, stop_token_ids=[7] * 64)
+        msg = SubmitRequest(
+            "r" * 64, prompt, "s" * 64, time.time(), SamplingParams(16, stop_token_ids=(7,) * 64)
+        )
         assert decode(encode(msg), limits=limits).prompt_token_ids == prompt
-        too_long = SubmitRequest("r", prompt + [1] * 4096, "s", 0.0, 1)
+        too_long = SubmitRequest("r", prompt + [1] * 4096, "s", 0.0, SamplingParams(1))
         with pytest.raises(ProtocolError):
             decode(encode(too_long), limits=limits)
 

@@ -1,0 +1,81 @@
+"""An OpenAI request body -> the generation's parameters, in one place: the sampling
+parameters (:class:`shared.sampling.SamplingParams`, the one type the worker samples with),
+the context-length check and the class and priority the caller is served at."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from gateway.errors import APIError
+from gateway.generation import GenerationParams
+from gateway.openai_models import SamplingFields
+from gateway.settings import GatewaySettings
+from gateway.state import GatewayState
+from gateway.tenancy import Caller, served_class, served_priority
+from shared.sampling import SamplingParams
+
+
+def generation_params(
+    state: GatewayState,
+    request: Request,
+    body: SamplingFields,
+    caller: Caller,
+    prompt_ids: list[int],
+    max_tokens: int | None,
+) -> GenerationParams:
+    """The parameters of one generation; 400 for a prompt past the context, 503 with no
+    worker to size it against."""
+    slo = served_class(state, caller, request.headers.get("x-slo-class"))
+    if not prompt_ids:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    max_model_len = state.directory.max_model_len()
+    if max_model_len is None:
+        raise APIError(503, "no data-plane worker is available", code="no_worker")
+    return GenerationParams(
+        prompt_token_ids=prompt_ids,
+        sampling=sampling_params(body, _max_tokens(max_tokens, len(prompt_ids), max_model_len),
+                                 state.settings),
+        slo=slo,
+        priority=served_priority(caller, body.priority),
+        tenant=caller.tenant,
+        key_id=caller.key_id,
+    )  # fmt: skip
+
+
+def _max_tokens(requested: int | None, num_prompt: int, max_model_len: int) -> int:
+    """The request's max_tokens, the rest of the context when it gives none (vLLM's rule)."""
+    max_tokens = max_model_len - num_prompt if requested is None else requested
+    if num_prompt + max_tokens > max_model_len or max_tokens < 1:
+        raise APIError(
+            400,
+            f"this model's maximum context length is {max_model_len} tokens; the request has "
+            f"{num_prompt} prompt tokens and asks for {max_tokens} more",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return max_tokens
+
+
+def sampling_params(
+    body: SamplingFields, max_tokens: int, settings: GatewaySettings
+) -> SamplingParams:
+    """The body's sampling fields with OpenAI's defaults (temperature and top_p 1; top_k -1 or
+    0 is off, as in vLLM); stop strings within the gateway's limits."""
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    stop = [s for s in stop if s]  # an empty stop string stops nothing (as before: ignored)
+    if len(stop) > settings.max_stop_strings or any(
+        len(s) > settings.max_stop_string_chars for s in stop
+    ):
+        raise APIError(400, "too many or too long stop strings", param="stop")
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=None if body.top_k in (None, -1, 0) else body.top_k,
+            seed=body.seed,
+            stop=tuple(stop),
+            ignore_eos=body.ignore_eos,
+        )
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from exc

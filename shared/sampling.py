@@ -1,0 +1,35 @@
+"""Sampling parameters: one type from the gateway's OpenAI request to the engine's sampler.
+
+The gateway builds it once from the request body (``gateway/sampling.py``), sends it inside
+:class:`shared.protocol.SubmitRequest`, and the worker's engine samples with it as received;
+the offline engine (``superinfer generate``) builds it directly. Plain data, no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int | None = None  # None: off
+    seed: int | None = None
+    # Stop strings are checked where the text is decoded: by the gateway when serving (it
+    # sends them to no worker), by the engine offline.
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1 or unset, got {self.top_k}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
