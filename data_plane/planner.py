@@ -26,7 +26,6 @@ class HybridPlanner:
         self.num_remote = 0
         self.num_local = 0
         self.num_remote_transitions = 0  # state changes taken from remote plans (still valid)
-        self.last_snapshot: Snapshot | ColumnarSnapshot | None = None
 
     @property
     def knobs(self) -> Knobs:
@@ -59,7 +58,6 @@ class HybridPlanner:
 
     def __call__(self, snapshot: Snapshot | ColumnarSnapshot) -> Plan:
         """The plan for this iteration (the worker's engine hands columns; views work too)."""
-        self.last_snapshot = snapshot
         snapshot, knobs = controlled_knobs(snapshot, self._knobs, self.residency)
         remote = self.remote
         fresh = remote is not None and (

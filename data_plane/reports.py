@@ -8,8 +8,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from data_plane.engine.engine import Engine
-from shared.policy import ColumnarSnapshot, RequestColumns, Snapshot, columns_from_views
+from data_plane.engine.engine import Engine, StepResult
+from data_plane.kv.manager import KVCacheManager
+from shared.policy import RequestColumns, columns_from_views
 from shared.policy.columns import WAITING_CODE, pick_ids
 from shared.protocol import StateSnapshot, WorkerStatus
 from shared.protocol.convert import table_from_columns
@@ -22,18 +23,17 @@ class WorkerIdentity(NamedTuple):
 
 
 def state_snapshot(
-    engine: Engine,
+    kv: KVCacheManager,
     identity: WorkerIdentity,
-    snapshot: Snapshot | ColumnarSnapshot,
+    step: StepResult,
     iteration_time_s: float,
     plan_source: str,
 ) -> StateSnapshot:
-    """``snapshot`` for the wire: its requests as packed columns (the engine's kept queue
-    columns when they are this snapshot's, else built from the views) with each request's
-    DRAM blocks already synced, and the pools' sizes."""
-    kv = engine.kv
-    columns = engine.last_columns
-    if columns is None or len(columns) != len(snapshot.requests):
+    """The snapshot of ``step`` for the wire: its requests as packed columns (the columns the
+    step returned, else built from the views) with each request's DRAM blocks already synced,
+    and the pools' sizes."""
+    snapshot, columns = step.snapshot, step.columns
+    if columns is None:
         requests = snapshot.requests
         columns = requests if isinstance(requests, RequestColumns) else columns_from_views(requests)
     synced = np.zeros(len(columns), np.int64)  # a waiting request holds no blocks

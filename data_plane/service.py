@@ -20,10 +20,9 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from data_plane.engine.engine import Engine
+from data_plane.engine.engine import Engine, StepResult
 from data_plane.engine.request import FinishReason, RequestError, RequestOutput
-from data_plane.intake import Intake, sampling_params
-from data_plane.kv.tiered import TieredKVCacheManager
+from data_plane.intake import Intake
 from data_plane.orphans import GatewayWatch, sweep_orphans
 from data_plane.planner import HybridPlanner
 from data_plane.replies import Replies
@@ -33,13 +32,11 @@ from shared import streams
 from shared.b_xfer import resolve_b_xfer_blocks
 from shared.knobs import read_knobs
 from shared.model_source import model_display_name
-from shared.policy import ColumnarSnapshot, Snapshot
 from shared.protocol import (
     AbortRequest,
     Limits,
     ProtocolError,
     RotationPlan,
-    StateSnapshot,
     SubmitRequest,
     TokenOutput,
     WorkerStatus,
@@ -133,7 +130,7 @@ class Worker:
     async def _step(self) -> None:
         t_start = time.perf_counter()
         try:
-            outputs = await asyncio.to_thread(self.engine.step)
+            result = await asyncio.to_thread(self.engine.step)
         except Exception as exc:  # a bug: never loop on it with requests hanging
             await self._fail_all(exc)
             raise
@@ -143,7 +140,7 @@ class Worker:
         self._busy_time_s += iteration_time_s
         self._busy_iterations += 1
         self._auto_b_xfer(iteration_time_s)
-        await self._publish(outputs, iteration_time_s)
+        await self._publish(result, iteration_time_s)
 
     def _auto_b_xfer(self, iteration_time_s: float) -> None:
         """Planning locally: set the budget the control plane would send, the knobs' fixed
@@ -151,7 +148,7 @@ class Worker:
         (unchanged while nothing is measured). Remote plans carry their own budget, applied
         in :meth:`_read_plans`."""
         kv = self.engine.kv
-        if self.planner.source != "local" or not isinstance(kv, TieredKVCacheManager):
+        if self.planner.source != "local":
             return
         budget = resolve_b_xfer_blocks(
             self.planner.knobs.b_xfer,
@@ -160,7 +157,7 @@ class Worker:
             self.block_bytes,
             kv.b_xfer_blocks,
         )
-        kv.b_xfer_blocks = max(1, budget)  # as a remote plan's is applied (_read_plans)
+        kv.set_b_xfer_blocks(budget)  # as a remote plan's is applied (_read_plans)
 
     async def _take_requests(self, block_ms: int | None) -> None:
         """One batch from the request stream, entry by entry (no Redis call in between: an
@@ -210,7 +207,7 @@ class Worker:
             self.engine.add_request(
                 msg.request_id,
                 msg.prompt_token_ids,
-                sampling_params(msg),
+                msg.sampling,
                 priority=msg.priority,
                 slo_ttft_s=msg.slo_ttft_s,
                 slo_tbt_s=msg.slo_tbt_s,
@@ -247,8 +244,8 @@ class Worker:
             self._last_plan_id = entry_id
             if plan is None:
                 self.num_malformed += 1
-            elif self.planner.offer(plan) and isinstance(self.engine.kv, TieredKVCacheManager):
-                self.engine.kv.b_xfer_blocks = max(1, plan.b_xfer_blocks)
+            elif self.planner.offer(plan):
+                self.engine.kv.set_b_xfer_blocks(plan.b_xfer_blocks)
 
     async def _fail_all(self, exc: Exception) -> None:
         """After MAX_FAILED_STEPS engine steps in a row raised, end every request this worker
@@ -310,36 +307,30 @@ class Worker:
             lvf_min_residency_s=self.planner.min_residency_s,
         )
 
-    async def _publish(self, outputs: list[RequestOutput], iteration_time_s: float) -> None:
-        """The snapshot first, so the control plane plans while the tokens go out; then the
-        token outputs and lifecycle updates (:meth:`Replies.send`), whatever happened to the
-        snapshot: outputs whose write fails are kept and sent again with the next write."""
-        snapshot = self.planner.last_snapshot
-        msg_bytes = self._snapshot_bytes(snapshot, iteration_time_s) if snapshot else None
+    async def _publish(self, result: StepResult, iteration_time_s: float) -> None:
+        """The step's snapshot first, so the control plane plans while the tokens go out; then
+        the token outputs and lifecycle updates (:meth:`Replies.send`), whatever happened to
+        the snapshot: outputs whose write fails are kept and sent again with the next write."""
+        msg_bytes = self._snapshot_bytes(result, iteration_time_s)
         try:
             if msg_bytes is not None:
                 await self._xadd(streams.SNAPSHOTS_STREAM, msg_bytes, streams.MAXLEN_SNAPSHOTS)
         finally:
-            await self.replies.send(self.redis, outputs)
+            await self.replies.send(self.redis, result.outputs)
 
-    def _snapshot_bytes(
-        self, snapshot: Snapshot | ColumnarSnapshot, iteration_time_s: float
-    ) -> bytes | None:
-        """The encoded snapshot, or None (logged) when a value cannot travel (e.g. a client's
-        non-finite arrival time): the worker then plans locally, it does not stop."""
-        try:
-            return encode(self._snapshot_message(snapshot, iteration_time_s))
-        except ValueError as exc:
-            log.error("snapshot_not_published", iteration=snapshot.iteration, error=str(exc))
-            return None
-
-    def _snapshot_message(
-        self, snapshot: Snapshot | ColumnarSnapshot, iteration_time_s: float
-    ) -> StateSnapshot:
+    def _snapshot_bytes(self, result: StepResult, iteration_time_s: float) -> bytes | None:
+        """The step's encoded snapshot, or None (logged) when a value cannot travel (e.g. a
+        client's non-finite arrival time): the worker then plans locally, it does not stop."""
         identity = WorkerIdentity(self.settings.worker_id, self.epoch, self.block_bytes)
-        return state_snapshot(
-            self.engine, identity, snapshot, iteration_time_s, self.planner.source
-        )
+        try:
+            message = state_snapshot(
+                self.engine.kv, identity, result, iteration_time_s, self.planner.source
+            )
+            return encode(message)
+        except ValueError as exc:
+            iteration = result.snapshot.iteration
+            log.error("snapshot_not_published", iteration=iteration, error=str(exc))
+            return None
 
     async def _xadd(self, stream: str, data: bytes, maxlen: int) -> Any:
         return await self.redis.xadd(stream, {"m": data}, maxlen=maxlen, approximate=True)

@@ -44,6 +44,9 @@ class TraceRequest:
     arrival_s: float
     input_len: int
     output_len: int
+    # Mooncake's ids of the prompt's 512-token blocks: equal ids, equal tokens (shared
+    # prefixes); empty where the trace gives none (every prompt then unique).
+    hash_ids: tuple[int, ...] = ()
 
 
 def arrivals(num: int, rps: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
@@ -133,7 +136,7 @@ def _check_rate(rps: float, burstiness: float) -> None:
 def _clip(req: TraceRequest, max_input_len: int | None, max_output_len: int | None) -> TraceRequest:
     input_len = req.input_len if max_input_len is None else min(req.input_len, max_input_len)
     output_len = req.output_len if max_output_len is None else min(req.output_len, max_output_len)
-    return TraceRequest(req.arrival_s, max(1, input_len), max(1, output_len))
+    return TraceRequest(req.arrival_s, max(1, input_len), max(1, output_len), req.hash_ids)
 
 
 def _parse_synthetic(spec: str) -> tuple[int, int]:
@@ -214,7 +217,8 @@ def _read_azure(path: Path) -> list[tuple[float, int, int]]:
 
 
 def _read_mooncake(path: Path) -> list[tuple[float, int, int]]:
-    """(seconds from the first arrival, input, output) of every line; timestamps are in ms."""
+    """(seconds from the first arrival, input, output, hash ids) of every line; timestamps
+    are in ms."""
     rows: list[tuple[float, int, int]] = []
     with path.open(encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
@@ -222,9 +226,9 @@ def _read_mooncake(path: Path) -> list[tuple[float, int, int]]:
                 continue
             try:
                 obj = json.loads(line)
-                rows.append(
-                    (float(obj["timestamp"]), int(obj["input_length"]), int(obj["output_length"]))
-                )
+                hash_ids = tuple(int(h) for h in obj.get("hash_ids") or ())
+                row = (float(obj["timestamp"]), int(obj["input_length"]), int(obj["output_length"]))
+                rows.append((*row, hash_ids))  # type: ignore[arg-type]
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"{path}:{line_no}: bad Mooncake line: {exc}") from None
     return _relative(rows, units_per_s=1e3)
@@ -238,7 +242,7 @@ def _relative(
         return []
     ordered = sorted(rows, key=lambda r: r[0])
     start = ordered[0][0]
-    return [((t - start) / units_per_s, inp, out) for t, inp, out in ordered]
+    return [((t - start) / units_per_s, *rest) for t, *rest in ordered]  # type: ignore[misc]
 
 
 def _real_arrivals(
@@ -257,7 +261,7 @@ def _real_arrivals(
     span_s = rows[-1][0] if rows else 0.0
     if rps is not None and len(rows) > 1 and span_s > 0:
         scale = (len(rows) - 1) / (rps * span_s)
-    out = [TraceRequest(t * scale, inp, out) for t, inp, out in rows]
+    out = [TraceRequest(row[0] * scale, *row[1:]) for row in rows]
     if duration_s is not None:
         out = [r for r in out if r.arrival_s < duration_s]
     return out

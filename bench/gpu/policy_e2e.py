@@ -140,7 +140,7 @@ def replay(pools: Pools, engine: Engine, trace: list[TraceRequest], horizon_s: f
             time.sleep(min(0.005, max(0.0, trace[nxt].arrival_s - now)))
             continue
         t_step = time.perf_counter()
-        outputs = engine.step()
+        outputs = engine.step().outputs
         stamp = time.monotonic() - t0
         if isinstance(engine.kv, TieredKVCacheManager):  # B_xfer auto, as the simulator does
             step_s = time.perf_counter() - t_step

@@ -20,6 +20,7 @@ from data_plane.engine.queues import RequestQueue
 from data_plane.engine.request import FinishReason, Request, RequestError, RequestOutput
 from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.manager import KVCacheManager
+from data_plane.kv.prefix_cache import ROOT_KEY, block_keys
 from shared.policy import (
     ColumnarSnapshot,
     Plan,
@@ -48,6 +49,17 @@ class EngineStats:
     last_plan: Plan = field(default_factory=Plan)
 
 
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What one iteration produced: the outputs to stream and the snapshot its plan was made
+    from, with its requests as columns when the engine keeps them (``keep_columns``: the
+    worker publishes those to the control plane)."""
+
+    outputs: list[RequestOutput]
+    snapshot: Snapshot | ColumnarSnapshot
+    columns: RequestColumns | None = None
+
+
 class Engine:
     def __init__(
         self,
@@ -65,8 +77,8 @@ class Engine:
         keep_columns: bool = False,
     ) -> None:
         """``columnar``: give the planner :class:`ColumnarSnapshot` (for the columnar LVF)
-        instead of views. ``keep_columns``: keep each iteration's snapshot as columns in
-        ``last_columns`` too (the worker's wire snapshot)."""
+        instead of views. ``keep_columns``: return each iteration's snapshot as columns too
+        (:attr:`StepResult.columns`, the worker's wire snapshot)."""
         self.executor = executor
         self.kv = kv
         self.planner = planner
@@ -81,7 +93,6 @@ class Engine:
         self.vocab_size = vocab_size
         self.columnar = columnar
         self.keep_columns = keep_columns
-        self.last_columns: RequestColumns | None = None
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
         self.waiting = RequestQueue(self._view)
@@ -133,6 +144,8 @@ class Engine:
             slo_ttft_s=slo_ttft_s,
             slo_tbt_s=slo_tbt_s,
         )
+        if self.kv.prefix_caching:
+            request.block_keys = block_keys(request.prompt_token_ids, self.kv.block_size)
         self.requests[request_id] = request
         self.waiting.append(request)
         return request
@@ -156,14 +169,15 @@ class Engine:
         return bool(self.running or self.waiting or self.rotary or self._pending_outputs)
 
     # ---- one iteration -------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> StepResult:
         t_start = time.perf_counter()
         self.stats.num_iterations += 1
         self.kv.poll()
         now = self.clock()
         if self._arriving:
             self._mark_resident(now)
-        plan = self.planner(self._snapshot_for_planner(now))
+        snapshot, columns = self._snapshot_for_planner(now)
+        plan = self.planner(snapshot)
         self.stats.last_plan = plan
         self._apply_transitions(plan, now)
         items = self._allocate(plan, now)
@@ -178,7 +192,7 @@ class Engine:
         else:
             self.kv.wait_for_progress()  # nothing to compute: only a copy can unblock us
         self.stats.step_time_s += time.perf_counter() - t_start
-        return outputs
+        return StepResult(outputs, snapshot, columns)
 
     def snapshot(self, now: float) -> Snapshot:
         """The engine for the policy: running, then waiting, then rotary requests."""
@@ -202,18 +216,19 @@ class Engine:
             **self._snapshot_counts(),
         )
 
-    def _snapshot_for_planner(self, now: float) -> Snapshot | ColumnarSnapshot:
-        """The snapshot the planner gets (views, or columns when ``columnar``); with
-        ``keep_columns`` its requests as columns are also kept in ``last_columns`` (the worker
-        publishes them), built from the queues' cached columns, not from the views."""
+    def _snapshot_for_planner(
+        self, now: float
+    ) -> tuple[Snapshot | ColumnarSnapshot, RequestColumns | None]:
+        """The snapshot the planner gets (views, or columns when ``columnar``) and, with
+        ``keep_columns``, its requests as columns (the worker publishes them), built from the
+        queues' cached columns, not from the views."""
         if self.columnar:
             columnar = self.columnar_snapshot(now)
-            self.last_columns = columnar.requests if self.keep_columns else None
-            return columnar
+            return columnar, columnar.requests if self.keep_columns else None
         snapshot = self.snapshot(now)
         if self.keep_columns:
-            self.last_columns = self._columns(snapshot.requests[: len(self.running)])
-        return snapshot
+            return snapshot, self._columns(snapshot.requests[: len(self.running)])
+        return snapshot, None
 
     def _columns(self, running_views: Sequence[RequestView]) -> RequestColumns:
         """Running (from their views), waiting and rotary requests as columns, copied once
@@ -255,6 +270,11 @@ class Engine:
         rid = r.request_id
         table = self.kv.tables.get(rid)
         num_hbm, num_dram = (table.num_hbm, table.num_dram) if table else (0, 0)
+        num_computed = r.num_computed_tokens
+        if r.state is RequestState.WAITING and r.block_keys:  # what its prefix will not prefill
+            hits = self.kv.prefix_hits(r.all_token_ids, r.block_keys)
+            num_computed = hits.num_blocks * self.kv.block_size
+            num_hbm, num_dram = hits.num_hbm_in_use, hits.num_dram
         return _new_view(
             RequestView,
             (
@@ -262,7 +282,7 @@ class Engine:
                 r.state,
                 r.t_arr_s,
                 len(r.prompt_token_ids) + len(r.output_token_ids),  # r.num_tokens
-                r.num_computed_tokens,
+                num_computed,
                 num_hbm,
                 num_dram,
                 r.t_run_s,
@@ -306,6 +326,18 @@ class Engine:
             request.t_run_s = now
             request.t_first_run_s = request.t_first_run_s or now
             self.running.append(request)
+            if request.block_keys:
+                self._take_prefix(request)
+
+    def _take_prefix(self, request: Request) -> None:
+        """An admitted request shares its cached prefix: those tokens need no prefill (a
+        prefix found in DRAM is copied in first: the request waits until it is resident)."""
+        num_blocks = self.kv.take_prefix(
+            request.request_id, request.all_token_ids, request.block_keys
+        )
+        request.num_computed_tokens = num_blocks * self.kv.block_size
+        if not self.kv.is_resident(request.request_id):
+            self._arriving.append(request)
 
     def _mark_resident(self, now: float) -> None:
         """Resumed requests whose KV copy completed (re)enter running now: t_run is when the
@@ -325,6 +357,7 @@ class Engine:
         (it holds no KV): running means "KV in HBM, scheduled"."""
         self.running.remove(request)
         self.kv.free(request.request_id)
+        request.num_computed_tokens = 0  # a cached prefix it took is given back
         request.state = RequestState.WAITING
         request.t_run_s = None
         if request.t_first_run_s == now:
@@ -353,15 +386,19 @@ class Engine:
         for chunk in plan.schedule:
             request = self._expect(chunk.request_id, RequestState.RUNNING)
             end = request.num_computed_tokens + chunk.num_tokens
+            if chunk.request_id in admitted and request.block_keys:  # its prefix came cached
+                if not self.kv.is_resident(chunk.request_id):
+                    continue  # its DRAM prefix is still being copied in
+                end = min(end, request.num_tokens)
             if end > request.num_tokens or not self.kv.is_resident(chunk.request_id):
                 raise RuntimeError(f"plan schedules {chunk} beyond {request.request_id}'s state")
             block_ids = self.kv.ensure_hbm(chunk.request_id, request.num_computed_tokens, end)
             if block_ids is None:
                 self.stats.num_skipped_chunks += 1
-                if chunk.request_id in admitted and request.num_computed_tokens == 0:
+                if chunk.request_id in admitted:  # nothing computed yet: back to waiting
                     self._unadmit(request, now)
                 continue
-            items.append(BatchItem(request, chunk.num_tokens, block_ids))
+            items.append(BatchItem(request, end - request.num_computed_tokens, block_ids))
         return items
 
     def _process(
@@ -370,8 +407,9 @@ class Engine:
         outputs: list[RequestOutput] = []
         for item in items:
             request = item.request
+            before = request.num_computed_tokens
             request.num_computed_tokens += item.num_tokens
-            self.kv.on_computed(request.request_id, request.num_computed_tokens)
+            self._on_computed(request, before)
             token = sampled.get(request.request_id)
             if token is None or request.finished:
                 continue
@@ -397,6 +435,19 @@ class Engine:
                 )
             )
         return outputs
+
+    def _on_computed(self, request: Request, num_before: int) -> None:
+        """Tell the KV manager what was computed; with prefix caching, blocks that filled in
+        this step get their keys and join the index."""
+        bs, num_computed = self.kv.block_size, request.num_computed_tokens
+        if not self.kv.prefix_caching or num_computed // bs == num_before // bs:
+            self.kv.on_computed(request.request_id, num_computed)
+            return
+        tokens, keys = request.all_token_ids, request.block_keys
+        if num_computed // bs > len(keys):  # generated tokens filled a block
+            parent = keys[-1] if keys else ROOT_KEY
+            keys.extend(block_keys(tokens[:num_computed], bs, len(keys), parent))
+        self.kv.on_computed(request.request_id, num_computed, tokens, keys)
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
         request.finish_reason = reason

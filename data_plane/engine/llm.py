@@ -147,7 +147,7 @@ def generate(
             results[request_id].finish_reason = FinishReason.ERROR.value
             results[request_id].error = str(exc)
     while engine.has_unfinished():
-        for output in engine.step():
+        for output in engine.step().outputs:
             result = results[output.request_id]
             result.token_ids.extend(output.new_token_ids)
             result.text += output.text_delta

@@ -42,6 +42,9 @@ class Request:
     prompt_text_len: int | None = None  # length of the decoded prompt (stop-string checks)
     num_preemptions: int = 0
     num_rotations: int = 0
+    # With prefix caching: the keys of the full blocks known so far (the prompt's at arrival,
+    # generated blocks as they fill), data_plane/kv/prefix_cache.py's hash chain.
+    block_keys: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from data_plane.kv.block_pool import BlockPool
+from data_plane.kv.prefix_cache import ROOT_KEY, CachingBlockPool
 
 UNSYNCED, PENDING, SYNCED = 0, 1, 2  # state of a block's DRAM twin
 
@@ -21,6 +23,7 @@ class BlockTable:
     num_pending_h2d: int = 0  # blocks still being copied back; not resident until 0
     num_pending_evict: int = 0  # rotate-out copies still in flight
     num_sync_checked: int = 0  # leading full blocks already considered for eager sync
+    num_indexed: int = 0  # leading full blocks offered to the prefix cache's index
     # Blocks present in each tier, kept by the managers as they fill or clear slots (the
     # snapshot reads them for every request every iteration).
     num_hbm: int = 0
@@ -38,14 +41,42 @@ class BlockTable:
         )
 
 
-class KVCacheManager:
-    """Single-tier block accounting (HBM only); :class:`TieredKVCacheManager` adds DRAM."""
+class PrefixHits(NamedTuple):
+    """What the prefix caches hold of a request's leading full blocks: ``num_hbm`` blocks in
+    HBM (``num_hbm_in_use`` of them held by running requests, the rest evictable, so taking
+    them uses up free blocks), then ``num_dram`` more in host DRAM (loaded H2D)."""
 
-    def __init__(self, num_hbm_blocks: int, block_size: int) -> None:
-        self.hbm = BlockPool(num_hbm_blocks, "hbm")
+    num_hbm: int = 0
+    num_hbm_in_use: int = 0
+    num_dram: int = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.num_hbm + self.num_dram
+
+
+@dataclass(slots=True)
+class PrefixCounters:
+    """Prefix-cache lookups at admission, in tokens (vLLM's ``prefix_cache_queries`` and
+    ``prefix_cache_hits``), with the hits split per tier."""
+
+    num_queried_tokens: int = 0
+    num_hbm_hit_tokens: int = 0
+    num_dram_hit_tokens: int = 0
+
+
+class KVCacheManager:
+    """Single-tier block accounting (HBM only); :class:`TieredKVCacheManager` adds DRAM.
+    With ``prefix_caching`` full blocks are indexed by content and shared
+    (:mod:`data_plane.kv.prefix_cache`)."""
+
+    def __init__(self, num_hbm_blocks: int, block_size: int, prefix_caching: bool = False) -> None:
+        self.hbm = CachingBlockPool(num_hbm_blocks, "hbm", enabled=prefix_caching)
         self.block_size = block_size
         self.tables: dict[str, BlockTable] = {}
         self.b_xfer_blocks = 0
+        self.prefix_caching = prefix_caching
+        self.prefix_counters = PrefixCounters()
 
     @property
     def b_xfer_available(self) -> int:
@@ -59,6 +90,10 @@ class KVCacheManager:
     def link_bytes_per_s(self) -> float:
         """Measured host-link bandwidth; no link without a DRAM tier."""
         return 0.0
+
+    def set_b_xfer_blocks(self, num_blocks: int) -> None:
+        """The transfer budget (B_xfer) for the next iterations; without a DRAM tier nothing
+        moves and it stays 0."""
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -86,8 +121,78 @@ class KVCacheManager:
                 table.sync[index] = UNSYNCED
         return table.hbm_ids  # type: ignore[return-value]
 
-    def on_computed(self, request_id: str, num_computed_tokens: int) -> None:
-        """KV of ``num_computed_tokens`` tokens now exists (eager sync hooks in here)."""
+    def on_computed(
+        self,
+        request_id: str,
+        num_computed_tokens: int,
+        token_ids: Sequence[int] = (),
+        keys: Sequence[int] = (),
+    ) -> None:
+        """KV of ``num_computed_tokens`` tokens now exists: its full blocks join the prefix
+        index (``token_ids``/``keys``: the request's tokens and full blocks' keys, given
+        whenever a block filled; eager sync hooks in here too)."""
+        table = self.tables.get(request_id)
+        if table is None or not keys or not self.hbm.enabled:
+            return
+        num_full = min(num_computed_tokens // self.block_size, len(keys), len(table.hbm_ids))
+        bs = self.block_size
+        for index in range(table.num_indexed, num_full):
+            hbm_id = table.hbm_ids[index]
+            if hbm_id is not None:
+                parent = keys[index - 1] if index else ROOT_KEY
+                tokens = token_ids[index * bs : (index + 1) * bs]
+                self.hbm.register(hbm_id, keys[index], parent, tokens)
+        table.num_indexed = max(table.num_indexed, num_full)
+
+    # ---- prefix caching --------------------------------------------------------------------
+    def prefix_hits(self, token_ids: Sequence[int], keys: Sequence[int]) -> PrefixHits:
+        """What the caches hold of this prompt now (nothing is taken). At least the last
+        token is always left to compute (its logits start the output)."""
+        if not self.hbm.enabled or not keys:
+            return PrefixHits()
+        limit = min(len(keys), (len(token_ids) - 1) // self.block_size)
+        hbm = self._walk(self.hbm, token_ids, keys, 0, limit)
+        in_use = sum(1 for block_id in hbm if self.hbm.refs(block_id) > 0)
+        return PrefixHits(len(hbm), in_use, 0)
+
+    def take_prefix(self, request_id: str, token_ids: Sequence[int], keys: Sequence[int]) -> int:
+        """A request starts: share the cached blocks of its prefix (a new block table holding
+        them); returns how many leading blocks need no prefill."""
+        self.prefix_counters.num_queried_tokens += len(token_ids)
+        if not self.hbm.enabled or not keys or request_id in self.tables:
+            return 0
+        limit = min(len(keys), (len(token_ids) - 1) // self.block_size)
+        hits = self._walk(self.hbm, token_ids, keys, 0, limit)
+        table = self.tables[request_id] = BlockTable()
+        for block_id in hits:
+            self.hbm.take(block_id)
+        table.hbm_ids.extend(hits)
+        table.dram_ids.extend([None] * len(hits))
+        table.sync.extend([UNSYNCED] * len(hits))
+        table.num_hbm = table.num_indexed = len(hits)
+        self.prefix_counters.num_hbm_hit_tokens += len(hits) * self.block_size
+        return len(hits)
+
+    def _walk(
+        self,
+        pool: CachingBlockPool,
+        token_ids: Sequence[int],
+        keys: Sequence[int],
+        start: int,
+        limit: int,
+    ) -> list[int]:
+        """The blocks of ``pool`` holding blocks ``start..`` of the prompt, up to the first
+        miss or ``limit``."""
+        bs, hits = self.block_size, []
+        for index in range(start, limit):
+            parent = keys[index - 1] if index else ROOT_KEY
+            block_id = pool.cached_block(
+                keys[index], parent, token_ids[index * bs : (index + 1) * bs]
+            )
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
 
     def free(self, request_id: str) -> None:
         table = self.tables.pop(request_id, None)

@@ -15,15 +15,24 @@
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from data_plane.kv.block_pool import BlockPool
 from data_plane.kv.host_pool import ChunkedPinner
-from data_plane.kv.manager import PENDING, SYNCED, UNSYNCED, BlockTable, KVCacheManager
+from data_plane.kv.manager import (
+    PENDING,
+    SYNCED,
+    UNSYNCED,
+    BlockTable,
+    KVCacheManager,
+    PrefixHits,
+)
+from data_plane.kv.prefix_cache import ROOT_KEY, CachingBlockPool
 from data_plane.transfer.base import BlockCopy, TransferEngine, TransferHandle
 
 EVICT, SYNC, LOAD = "evict", "sync", "load"
+Content = tuple[int, int, Sequence[int]]  # a full block's (key, parent key, tokens)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -36,6 +45,7 @@ class _Move:
     # The table the move belongs to: a request preempted by recompute and admitted again gets
     # a new table, and a copy still in flight for the old one must not touch it.
     table: BlockTable
+    content: Content | None = None  # an eager sync's block, indexed in DRAM once copied
 
 
 @dataclass(slots=True)
@@ -71,12 +81,17 @@ class TieredKVCacheManager(KVCacheManager):
         eager_sync: bool = True,
         num_dram_blocks_ready: int | None = None,
         pinner: ChunkedPinner | None = None,
+        prefix_caching: bool = False,
+        dram_prefix_caching: bool = True,
     ) -> None:
-        super().__init__(num_hbm_blocks, block_size)
+        """``prefix_caching``: HBM's prefix cache; with ``dram_prefix_caching`` too, the eager
+        syncs' DRAM copies are indexed as a second level (a prefix evicted from HBM comes back
+        by one H2D copy, and a block already in DRAM is not copied again)."""
+        super().__init__(num_hbm_blocks, block_size, prefix_caching)
         if b_xfer_blocks < 1:
             raise ValueError(f"b_xfer_blocks must be >= 1 with a DRAM tier, got {b_xfer_blocks}")
         ready = num_dram_blocks if num_dram_blocks_ready is None else num_dram_blocks_ready
-        self.dram = BlockPool(ready, "dram")
+        self.dram = CachingBlockPool(ready, "dram", enabled=prefix_caching and dram_prefix_caching)
         self.num_dram_blocks_total = num_dram_blocks
         self.transfer = transfer
         self.b_xfer_blocks = b_xfer_blocks
@@ -86,10 +101,12 @@ class TieredKVCacheManager(KVCacheManager):
         self._urgent: deque[_Move] = deque()  # evictions and loads: rotation waits on these
         self._syncs: deque[_Move] = deque()  # eager syncs: background
         self._in_flight: list[_Batch] = []
-        self._busy_hbm: set[int] = set()
-        self._busy_dram: set[int] = set()
-        self._deferred_hbm: set[int] = set()
-        self._deferred_dram: set[int] = set()
+        # Copies in flight per block, and frees waiting for them (shared blocks can have
+        # several of each).
+        self._busy_hbm: Counter[int] = Counter()
+        self._busy_dram: Counter[int] = Counter()
+        self._deferred_hbm: Counter[int] = Counter()
+        self._deferred_dram: Counter[int] = Counter()
 
     @property
     def num_free_dram_blocks(self) -> int:
@@ -106,6 +123,10 @@ class TieredKVCacheManager(KVCacheManager):
         its recent batches); 0.0 until a batch completed, or when the engine measures none."""
         return float(getattr(self.transfer, "link_bytes_per_s", 0.0))
 
+    def set_b_xfer_blocks(self, num_blocks: int) -> None:
+        """The per-iteration transfer budget (at least one block: rotation never stalls)."""
+        self.b_xfer_blocks = max(1, num_blocks)
+
     @property
     def b_xfer_available(self) -> int:
         """The budget a policy may plan with: B_xfer minus rotation copies still queued."""
@@ -119,17 +140,91 @@ class TieredKVCacheManager(KVCacheManager):
         table = self.tables.get(request_id)
         return table is None or (table.num_pending_h2d == 0 and not table.rotated_out)
 
-    def on_computed(self, request_id: str, num_computed_tokens: int) -> None:
+    def on_computed(
+        self,
+        request_id: str,
+        num_computed_tokens: int,
+        token_ids: Sequence[int] = (),
+        keys: Sequence[int] = (),
+    ) -> None:
+        super().on_computed(request_id, num_computed_tokens, token_ids, keys)
         table = self.tables.get(request_id)
         if table is None or not self.eager_sync:
             return
         num_full = num_computed_tokens // self.block_size
         for index in range(table.num_sync_checked, num_full):
-            if table.sync[index] == UNSYNCED:
-                self._queue_d2h(SYNC, request_id, table, index)  # skipped when DRAM is full
+            if table.sync[index] != UNSYNCED:
+                continue
+            content = self._content(index, token_ids, keys)
+            if content is not None and self._share_dram_copy(table, index, content):
+                continue
+            self._queue_d2h(SYNC, request_id, table, index, content)  # skipped when DRAM is full
         table.num_sync_checked = max(table.num_sync_checked, num_full)
 
-    def _queue_d2h(self, kind: str, request_id: str, table: BlockTable, index: int) -> bool:
+    def _content(self, index: int, token_ids: Sequence[int], keys: Sequence[int]) -> Content | None:
+        if not self.dram.enabled or index >= len(keys) or not token_ids:
+            return None
+        bs = self.block_size
+        parent = keys[index - 1] if index else ROOT_KEY
+        return keys[index], parent, token_ids[index * bs : (index + 1) * bs]
+
+    def _share_dram_copy(self, table: BlockTable, index: int, content: Content) -> bool:
+        """Eager sync of a block DRAM already holds: take that copy, copy nothing."""
+        if table.dram_ids[index] is not None:
+            return False
+        dram_id = self.dram.cached_block(*content)
+        if dram_id is None:
+            return False
+        self.dram.take(dram_id)
+        table.dram_ids[index] = dram_id
+        table.num_dram += 1
+        table.sync[index] = SYNCED
+        return True
+
+    # ---- prefix caching: DRAM, the second level ----------------------------------------------
+    def prefix_hits(self, token_ids: Sequence[int], keys: Sequence[int]) -> PrefixHits:
+        hits = super().prefix_hits(token_ids, keys)
+        if not self.dram.enabled or not keys:
+            return hits
+        limit = min(len(keys), (len(token_ids) - 1) // self.block_size)
+        dram = self._walk(self.dram, token_ids, keys, hits.num_hbm, limit)
+        return hits._replace(num_dram=len(dram))
+
+    def take_prefix(self, request_id: str, token_ids: Sequence[int], keys: Sequence[int]) -> int:
+        """HBM's cached prefix is shared; the blocks that follow it in DRAM's index are
+        loaded into new HBM blocks (H2D, within B_xfer: the request is not resident until
+        they are in)."""
+        num_hbm = super().take_prefix(request_id, token_ids, keys)
+        table = self.tables.get(request_id)
+        if table is None or not self.dram.enabled or not keys or table.rotated_out:
+            return num_hbm
+        limit = min(len(keys), (len(token_ids) - 1) // self.block_size)
+        hits = self._walk(self.dram, token_ids, keys, num_hbm, limit)[: self.hbm.num_free]
+        if len(table.hbm_ids) != num_hbm or not hits:
+            return num_hbm
+        for dram_id in hits:
+            self.dram.take(dram_id)
+        for index, (dram_id, hbm_id) in enumerate(
+            zip(hits, self.hbm.allocate(len(hits)), strict=True), start=num_hbm
+        ):
+            table.hbm_ids.append(hbm_id)
+            table.dram_ids.append(dram_id)
+            table.sync.append(SYNCED)
+            self._urgent.append(_Move(LOAD, request_id, index, hbm_id, dram_id, table))
+        table.num_hbm += len(hits)
+        table.num_dram += len(hits)
+        table.num_pending_h2d += len(hits)
+        self.prefix_counters.num_dram_hit_tokens += len(hits) * self.block_size
+        return num_hbm + len(hits)
+
+    def _queue_d2h(
+        self,
+        kind: str,
+        request_id: str,
+        table: BlockTable,
+        index: int,
+        content: Content | None = None,
+    ) -> bool:
         dram_id = table.dram_ids[index]
         if dram_id is None:
             if self.dram.num_free == 0:
@@ -140,7 +235,7 @@ class TieredKVCacheManager(KVCacheManager):
         hbm_id = table.hbm_ids[index]
         assert hbm_id is not None
         table.sync[index] = PENDING
-        move = _Move(kind, request_id, index, hbm_id, dram_id, table)
+        move = _Move(kind, request_id, index, hbm_id, dram_id, table, content)
         (self._urgent if kind == EVICT else self._syncs).append(move)
         return True
 
@@ -218,11 +313,24 @@ class TieredKVCacheManager(KVCacheManager):
             self._release(hbm_id, self.hbm, self._busy_hbm, self._deferred_hbm)
 
     @staticmethod
-    def _release(block_id: int, pool: BlockPool, busy: set[int], deferred: set[int]) -> None:
+    def _release(
+        block_id: int, pool: CachingBlockPool, busy: Counter[int], deferred: Counter[int]
+    ) -> None:
         if block_id in busy:
-            deferred.add(block_id)  # freed when the copy touching it completes
+            deferred[block_id] += 1  # freed when the copies touching it complete
         else:
             pool.free([block_id])
+
+    @staticmethod
+    def _copy_done(
+        block_id: int, pool: CachingBlockPool, busy: Counter[int], deferred: Counter[int]
+    ) -> None:
+        busy[block_id] -= 1
+        if busy[block_id] <= 0:
+            del busy[block_id]
+            num_frees = deferred.pop(block_id, 0)
+            if num_frees:
+                pool.free([block_id] * num_frees)
 
     # ---- the pipeline --------------------------------------------------------------------
     def issue_transfers(self) -> None:
@@ -244,8 +352,8 @@ class TieredKVCacheManager(KVCacheManager):
         h2d = [BlockCopy(m.dram_id, m.hbm_id) for m in moves if m.kind == LOAD]
         d2h = [BlockCopy(m.hbm_id, m.dram_id) for m in moves if m.kind != LOAD]
         for move in moves:
-            self._busy_hbm.add(move.hbm_id)
-            self._busy_dram.add(move.dram_id)
+            self._busy_hbm[move.hbm_id] += 1
+            self._busy_dram[move.dram_id] += 1
         handles = [h for h in self.transfer.submit(h2d, d2h) if h is not None]
         self._in_flight.append(_Batch(moves, handles, time.perf_counter()))
         stats.num_batches += 1
@@ -300,14 +408,8 @@ class TieredKVCacheManager(KVCacheManager):
         elif not batch.compute_ended:  # completed before any compute overlapped it
             self.tiered_stats.num_batches_hidden += 1
         for move in batch.moves:
-            self._busy_hbm.discard(move.hbm_id)
-            self._busy_dram.discard(move.dram_id)
-            if move.hbm_id in self._deferred_hbm:
-                self._deferred_hbm.discard(move.hbm_id)
-                self.hbm.free([move.hbm_id])
-            if move.dram_id in self._deferred_dram:
-                self._deferred_dram.discard(move.dram_id)
-                self.dram.free([move.dram_id])
+            self._copy_done(move.hbm_id, self.hbm, self._busy_hbm, self._deferred_hbm)
+            self._copy_done(move.dram_id, self.dram, self._busy_dram, self._deferred_dram)
             if self.tables.get(move.request_id) is move.table:  # not freed (and not re-created)
                 self._apply_completion(move, move.table)
 
@@ -318,6 +420,8 @@ class TieredKVCacheManager(KVCacheManager):
             stats.blocks_loaded += 1
             return
         table.sync[move.index] = SYNCED
+        if move.content is not None:
+            self.dram.register(move.dram_id, *move.content)
         if move.kind == SYNC and not table.rotated_out:
             stats.blocks_synced += 1
             return

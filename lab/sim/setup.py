@@ -37,6 +37,7 @@ from shared.policy.adaptive import ResidencyController, controlled_knobs
 GIB = 1 << 30
 ROTATING_POLICIES = frozenset({"swap", "edf", "lvf"})
 TRANSFERS = ("duplex", "naive")
+PREFIX_CACHING = ("off", "hbm", "both")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,9 @@ class SimSetup:
     transfer: str = "duplex"  # duplex | naive
     eager_sync: bool = True
     b_xfer_rate_bytes_s: float | None = None  # link rate "auto" uses; default: the profile's
+    # Prefix caching (data_plane/kv/prefix_cache.py): "off", "hbm" (vLLM V1's cache) or "both"
+    # (HBM, then the DRAM tier's eager-synced copies; a policy without DRAM gets "hbm").
+    prefix_caching: str = "off"
 
     def __post_init__(self) -> None:
         if not self.hbm_kv_gib > 0 or self.dram_kv_gib < 0:
@@ -64,6 +68,10 @@ class SimSetup:
             raise ValueError(f"b_xfer must be >= 1 block, got {self.b_xfer}")
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        if self.prefix_caching not in PREFIX_CACHING:
+            raise ValueError(
+                f"prefix_caching must be one of {PREFIX_CACHING}, got {self.prefix_caching!r}"
+            )
 
     @property
     def block_bytes(self) -> int:
@@ -131,9 +139,12 @@ def build_parts(policy: str, knobs: Knobs, setup: SimSetup) -> SimParts:
             transfer,
             b_xfer_blocks=b_xfer,
             eager_sync=setup.eager_sync,
+            prefix_caching=setup.prefix_caching != "off",
+            dram_prefix_caching=setup.prefix_caching == "both",
         )
     else:
-        kv = KVCacheManager(setup.num_hbm_blocks, profile.block_size_tokens)
+        caching = setup.prefix_caching != "off"
+        kv = KVCacheManager(setup.num_hbm_blocks, profile.block_size_tokens, caching)
     executor = SimulatedExecutor(clock, profile, copies=transfer)
     plan_knobs = dataclasses.replace(knobs, policy=policy, b_xfer=None if auto_profile else b_xfer)
     controller = ResidencyController(value_s=plan_knobs.min_residency_s)

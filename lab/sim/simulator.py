@@ -127,6 +127,23 @@ def _fit(request: TraceRequest, capacity_tokens: int) -> tuple[int, int]:
     return prompt, output
 
 
+HASH_BLOCK_TOKENS = 512  # Mooncake's hash_ids name blocks of this many tokens
+_UNIQUE_BASE = 1 << 40  # token ids above every hash-derived one
+
+
+def prompt_tokens(index: int, request: TraceRequest, num_tokens: int) -> list[int]:
+    """The ``index``-th request's prompt for the simulator (only equality matters there, for
+    prefix caching): each of the trace's 512-token ``hash_ids`` blocks becomes tokens that
+    depend on the id alone, so requests sharing ids share a prefix; the rest, and every prompt
+    of a trace without hash ids, is unique to the request."""
+    tokens = [
+        h * HASH_BLOCK_TOKENS + k for h in request.hash_ids for k in range(HASH_BLOCK_TOKENS)
+    ][:num_tokens]
+    base = _UNIQUE_BASE * (index + 1)
+    tokens.extend(range(base + len(tokens), base + num_tokens))
+    return tokens
+
+
 def _inject(parts: SimParts, index: int, request: TraceRequest, result: SimResult) -> None:
     engine = parts.engine
     capacity = engine.kv.hbm.num_blocks * engine.kv.block_size
@@ -134,8 +151,9 @@ def _inject(parts: SimParts, index: int, request: TraceRequest, result: SimResul
     if (prompt, output) != (request.input_len, request.output_len):
         result.num_clipped += 1
     params = SamplingParams(max_tokens=output, temperature=0.0, ignore_eos=True)
+    tokens = prompt_tokens(index, request, prompt)
     try:
-        engine.add_request(f"r{index}", [1] * prompt, params, t_arr_s=request.arrival_s)
+        engine.add_request(f"r{index}", tokens, params, t_arr_s=request.arrival_s)
     except RequestError:
         result.num_rejected += 1
 
@@ -163,7 +181,7 @@ def _run(
                 clock.now = trace[nxt].arrival_s
             continue
         iters_before = executor.num_iterations
-        outputs = engine.step()
+        outputs = engine.step().outputs
         now = clock.now
         for out in outputs:
             by_id[out.request_id].extend([now] * len(out.new_token_ids))

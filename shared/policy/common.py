@@ -34,6 +34,8 @@ def demand_blocks(view: RequestView, block_size: int) -> int:
     this is also an upper bound on what resuming it allocates in HBM."""
     if view.state is RequestState.RUNNING:
         return view.num_blocks_hbm
+    if view.state is RequestState.WAITING:  # cached prefix blocks in use are shared, not new
+        return blocks_for(view.num_tokens, block_size) - view.num_blocks_hbm
     return blocks_for(view.num_tokens, block_size)
 
 

@@ -15,7 +15,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shared.policy.columns import ROTARY_CODE, ColumnarSnapshot, Ints, RequestColumns
+from shared.policy.columns import (
+    ROTARY_CODE,
+    WAITING_CODE,
+    ColumnarSnapshot,
+    Ints,
+    RequestColumns,
+)
 from shared.policy.packing import greedy_take, pack_columns
 from shared.policy.types import Knobs
 
@@ -34,6 +40,14 @@ class Transitions(NamedTuple):
     batch: Ints
     tokens: list[int]
     fcfs_fallback: bool
+
+
+def candidate_blocks(columns: RequestColumns, block_size: int) -> Ints:
+    """blk(r) of every row as a waiting or rotary request: the HBM blocks its whole KV needs,
+    less, for a waiting request, the blocks of its cached prefix already in HBM and in use
+    (shared, not allocated; a cached block nobody uses is counted: it is among the free)."""
+    blk = -(-columns.num_tokens // block_size)
+    return blk - np.where(columns.states == WAITING_CODE, columns.num_blocks_hbm, 0)
 
 
 def running_growth(snapshot: ColumnarSnapshot, running: Ints) -> Ints:
@@ -138,7 +152,7 @@ def join_and_pack(
     seats = snapshot.max_num_seqs - len(running) + len(leavers)
     if len(preempted):
         chosen = EMPTY
-    blk = -(-columns.num_tokens[chosen] // bs)
+    blk = candidate_blocks(columns, bs)[chosen]
     is_rotary = columns.states[chosen] == ROTARY_CODE
     acting = np.flatnonzero(~is_rotary | (columns.num_blocks_hbm[chosen] == 0))
     fitted, _ = greedy_take(blk[acting], room, max(0, seats), stop_at_zero=False)

@@ -39,6 +39,7 @@ import numpy as np
 
 from shared.policy.columns import (
     RUNNING_CODE,
+    WAITING_CODE,
     ColumnarSnapshot,
     Ints,
     RequestColumns,
@@ -49,6 +50,7 @@ from shared.policy.common import make_chunks
 from shared.policy.joining import (
     EMPTY,
     Transitions,
+    candidate_blocks,
     join_and_pack,
     recompute_newest,
     running_growth,
@@ -87,7 +89,7 @@ def lvf_transitions(
     is_running = columns.states == RUNNING_CODE
     running, candidates = np.flatnonzero(is_running), np.flatnonzero(~is_running)
     growth = running_growth(snapshot, running)
-    blk = -(-columns.num_tokens // bs)  # blk(r) of every waiting or rotary request
+    blk = candidate_blocks(columns, bs)  # blk(r) of every waiting or rotary request
     b_hbm = snapshot.num_free_hbm_blocks - int(growth.sum())
     seats_free = snapshot.max_num_seqs - len(running)
     if b_hbm >= int(blk[candidates].sum()):  # step 1: no contention, FCFS
@@ -126,7 +128,8 @@ def _head_scan(
     ``rotate_only_for_lag`` the requests with VLT == 0 are scanned after the lagging ones,
     within the HBM left without rotation (B_left - B_xfer) and the free seats."""
     b_hbm, b_xfer = budgets
-    movable = candidates[columns.num_blocks_hbm[candidates] == 0]
+    is_waiting = columns.states[candidates] == WAITING_CODE  # its HBM blocks: a cached prefix
+    movable = candidates[(columns.num_blocks_hbm[candidates] == 0) | is_waiting]
     if knobs.rotate_only_for_lag:
         lagging = scores[movable] > 0
         first, second = movable[lagging], movable[~lagging]

@@ -94,7 +94,7 @@ def _rotating_run(loaded, seed: int, p_out: float, p_hold: float, b_xfer: int):
     for _ in range(20_000):
         if not engine.has_unfinished():
             break
-        for output in engine.step():
+        for output in engine.step().outputs:
             tokens[output.request_id].extend(output.new_token_ids)
         for table in engine.kv.tables.values():  # the block counters the snapshot reads
             assert (table.num_hbm, table.num_dram) == table.recount()

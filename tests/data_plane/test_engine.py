@@ -140,7 +140,7 @@ def test_abort_frees_blocks(stories) -> None:
     assert engine.abort("r1") and not engine.abort("r1")
     finished = {}
     while engine.has_unfinished():
-        for out in engine.step():
+        for out in engine.step().outputs:
             if out.finished:
                 finished[out.request_id] = out.finish_reason
     assert finished == {"r0": "length", "r1": "abort", "r2": "length"}

@@ -4,12 +4,14 @@ that count what was sent, finished requests forgotten with their lifecycle writt
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError, OutOfMemoryError, ReadOnlyError, ResponseError
 
+from data_plane.engine.engine import StepResult
 from data_plane.engine.request import FinishReason, RequestOutput
 from data_plane.orphans import GatewayWatch
 from data_plane.replies import MAX_UNSENT_OUTPUTS, Replies, _still_unsent
@@ -92,10 +94,10 @@ async def test_a_failed_snapshot_write_still_sends_the_tokens(redis_client: Redi
     worker.redis = SnapshotWritesFail(redis_client)  # type: ignore[assignment]
     worker.replies = Replies()
     worker.replies.admit("r1", GW_A, {"worker_id": "w0"})
-    worker.planner = SimpleNamespace(last_snapshot=object())  # type: ignore[assignment]
-    worker._snapshot_bytes = lambda snapshot, iteration_time_s: b"snapshot"  # type: ignore[method-assign]
+    worker._snapshot_bytes = lambda result, iteration_time_s: b"snapshot"  # type: ignore[method-assign]
+    result: Any = StepResult([RequestOutput("r1", [3, 4], 2)], snapshot=cast(Any, None))
     with pytest.raises(ConnectionError):
-        await worker._publish([RequestOutput("r1", [3, 4], 2)], 0.01)
+        await worker._publish(result, 0.01)
     (entry,) = await redis_client.xrange(GW_A)
     (out,) = decode(entry[1][b"m"], TokenOutputs).outputs
     assert (out.index, out.token_ids) == (0, [3, 4])  # sent and counted: no silent hole

@@ -286,7 +286,7 @@ def test_engine_views_carry_every_field_by_name() -> None:
 
 
 def test_kept_columns_match_the_views_the_planner_saw() -> None:
-    """The worker publishes ``last_columns`` (from the queues' cached columns) as its wire
+    """The worker publishes the step's columns (from the queues' cached columns) as its wire
     snapshot: every iteration they must equal the planner's views, row for row."""
     setup = SimSetup(GH200, hbm_kv_gib=0.1, dram_kv_gib=1.0, b_xfer=8)
     engine = build_parts("lvf", Knobs(**PAPER_LVF), setup).engine
@@ -304,8 +304,7 @@ def test_kept_columns_match_the_views_the_planner_saw() -> None:
         engine.add_request(f"q{i}", [1] * (100 + 37 * i), params, t_arr_s=0.01 * i)
     states_seen = set()
     for _ in range(60):
-        engine.step()
-        got, expected = engine.last_columns, columns_from_views(seen[-1].requests)
+        got, expected = engine.step().columns, columns_from_views(seen[-1].requests)
         assert got is not None and list(got.request_ids) == list(expected.request_ids)
         for name in ("states", *INT_FIELDS, "resident"):
             assert np.array_equal(getattr(got, name), getattr(expected, name)), name
@@ -342,7 +341,7 @@ def test_a_request_stops_at_the_hbm_pool_not_at_the_model_context() -> None:
         if step % 20 == 0 and step < 1500:
             small = SamplingParams(max_tokens=5, ignore_eos=True)
             engine.add_request(f"s{step}", [1] * 20, small, t_arr_s=parts.clock.now)
-        for out in engine.step():
+        for out in engine.step().outputs:
             if out.finished:
                 reasons[out.request_id] = str(out.finish_reason)
     assert len(reasons) == 76 and not engine.has_unfinished()

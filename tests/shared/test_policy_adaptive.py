@@ -86,10 +86,10 @@ def test_the_worker_planner_feeds_it_and_a_new_residency_knob_restarts_it() -> N
 
 
 def test_the_control_plane_keeps_one_controller_per_worker_incarnation() -> None:
+    from redis.asyncio import Redis
+
     from control_plane.service import ControlPlane
     from control_plane.settings import ControlPlaneSettings
-
-    from redis.asyncio import Redis
 
     plane = ControlPlane(ControlPlaneSettings(), redis=Redis())  # never connects here
     msg = dataclasses.make_dataclass("Msg", ["worker_id", "epoch"])
