@@ -51,6 +51,12 @@ when it is full, a rotation falls back to recompute). A trace not in the table g
 smallest power-of-two GiB holding both its longest request and 16 mean requests (of its first
 1,000 rows); ``--hbm-gib`` sets every trace's HBM (then every knee is searched).
 
+Prefix caching (``--prefix-caching hbm|both``, default off): every run caches prefixes, vllm
+in HBM only (vLLM V1's default; it has no DRAM tier), lvf with what is asked (``both``: HBM and
+the DRAM tier's synced copies). The kit's traces other than Mooncake carry no content, so their
+prompts never share a prefix: the cache then only saves the recompute of preempted requests
+(vllm's own preemptions). The knee search runs with the same setting.
+
 Reference (``--no-reference`` skips it): at each (b) point, one vllm run with
 ``AMPLE_HBM_GIB`` of HBM. Its TTFT attainment less vllm's at the bench's HBM is what memory
 costs vllm there (``memory_gap_pts``); where the trace's bursts or compute bind, that gap is
@@ -229,6 +235,8 @@ def make_job(
     **setup_changes: Any,
 ) -> SweepJob:
     fields: dict[str, Any] = {"b_xfer": "auto", **setup_changes}
+    if args.prefix_caching != "off" and "prefix_caching" not in fields:
+        fields["prefix_caching"] = args.prefix_caching  # a policy without DRAM gets HBM's
     setup = SimSetup(load_profile(profile), w.hbm_kv_gib, w.dram_kv_gib, **fields)
     return SweepJob(
         str(w.path),
@@ -786,6 +794,7 @@ def write_json(args: argparse.Namespace, out: dict[str, Any], wall_s: float) -> 
         "search": args.search,
         "all_policies": args.all_policies,
         "knobs": repr(Knobs(**args.knobs)),
+        "prefix_caching": args.prefix_caching,
     }
     path = args.out / "sched_compare.json"
     path.write_text(json.dumps({"config": config, **out}, indent=2) + "\n", encoding="utf-8")
@@ -866,6 +875,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="knob values for every run instead of the defaults, e.g. '{\"min_residency_s\": 1}'",
     )
     add("--no-plots", action="store_true")
+    add(
+        "--prefix-caching",
+        choices=("off", "hbm", "both"),
+        default="off",
+        help="prefix caching for every run: vllm gets HBM's (vLLM V1's default), a policy with "
+        "a DRAM tier gets what is asked ('both': HBM + DRAM)",
+    )
     add(
         "--reference",
         action=argparse.BooleanOptionalAction,

@@ -61,6 +61,8 @@ def build_worker_engine(settings: WorkerSettings, planner: Planner) -> tuple[Eng
         max_num_seqs=settings.max_num_seqs,
         transfer_backend=settings.transfer_backend,
         device=settings.device,
+        prefix_caching=settings.enable_prefix_caching,
+        dram_prefix_caching=settings.dram_prefix_caching,
     )
     log.info("sizing_kv_and_pinning_host_pool", dram_kv_gib=config.dram_kv_gib)
     engine = build_engine(loaded, config, serving=Serving(planner))

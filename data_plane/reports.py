@@ -107,4 +107,9 @@ def worker_status(
         num_rotations_in=engine.stats.num_rotations_in,
         bytes_h2d=stats.blocks_loaded * block_bytes if stats else 0,
         bytes_d2h=(stats.blocks_synced + stats.blocks_evicted) * block_bytes if stats else 0,
+        num_prefix_queried_tokens=kv.prefix_counters.num_queried_tokens,
+        num_prefix_hbm_hit_tokens=kv.prefix_counters.num_hbm_hit_tokens,
+        num_prefix_dram_hit_tokens=kv.prefix_counters.num_dram_hit_tokens,
+        num_cached_hbm_blocks=kv.hbm.num_cached,
+        num_cached_dram_blocks=dram.num_cached if dram is not None else 0,
     )

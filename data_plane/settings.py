@@ -31,6 +31,10 @@ class WorkerSettings(BaseSettings):
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     transfer_backend: str = "cpu"
+    # vLLM's --enable-prefix-caching (on by default, as in vLLM V1): shared prompt prefixes
+    # are computed once; with a DRAM tier its synced copies are a second level.
+    enable_prefix_caching: bool = True
+    dram_prefix_caching: bool = True
     policy: str = "vllm"  # used for local planning until the control plane's knobs arrive
     b_xfer: int = 2400
     plan_max_age_iterations: int = 4  # older remote plans are ignored; the worker plans locally

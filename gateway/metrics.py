@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from gateway.metrics_vllm import VllmEngineCollector, VllmRequestMetrics
 from gateway.workers import WorkerDirectory
 from shared.policy import kv_usage
+from shared.protocol import WorkerStatus
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 _NUMERIC_KNOBS = ("alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s", "min_residency_s")
@@ -161,6 +162,7 @@ class _WorkerCollector(Collector):
         moved = CounterMetricFamily(
             "superinfer:kv_transfer_bytes", "KV bytes moved", labels=["worker", "direction"]
         )
+        prefix = _prefix_cache_families(statuses)
         for s in statuses:
             w = s.worker_id
             gauges["num_requests_running"].add_metric([w], s.num_running)
@@ -178,7 +180,7 @@ class _WorkerCollector(Collector):
             moved.add_metric([w, "h2d"], s.bytes_h2d)
             moved.add_metric([w, "d2h"], s.bytes_d2h)
         yield from gauges.values()
-        yield from (usage, source, *counters.values(), moved)
+        yield from (usage, source, *counters.values(), moved, *prefix)
         yield from self._knobs()
 
     def _knobs(self) -> Iterator[Metric]:
@@ -198,3 +200,28 @@ class _WorkerCollector(Collector):
         redis = GaugeMetricFamily("superinfer:redis_up", "1 while this gateway reaches Redis")
         redis.add_metric([], 1.0 if d.redis_ok else 0.0)
         yield from (knobs, policy, version, cp, redis)
+
+
+def _prefix_cache_families(statuses: list[WorkerStatus]) -> tuple[Metric, ...]:
+    """Prefix caching per worker: tokens looked up at admission, hits per tier (vLLM's
+    prefix_cache_queries / prefix_cache_hits, plus the tier) and the blocks each index holds."""
+    queries = CounterMetricFamily(
+        "superinfer:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+        labels=["worker"],
+    )  # fmt: skip
+    hits = CounterMetricFamily(
+        "superinfer:prefix_cache_hits", "Prompt tokens found cached, per tier",
+        labels=["worker", "tier"],
+    )  # fmt: skip
+    cached = GaugeMetricFamily(
+        "superinfer:prefix_cache_blocks", "KV blocks indexed by content, per tier",
+        labels=["worker", "tier"],
+    )  # fmt: skip
+    for s in statuses:
+        w = s.worker_id
+        queries.add_metric([w], s.num_prefix_queried_tokens)
+        hits.add_metric([w, "hbm"], s.num_prefix_hbm_hit_tokens)
+        hits.add_metric([w, "dram"], s.num_prefix_dram_hit_tokens)
+        cached.add_metric([w, "hbm"], s.num_cached_hbm_blocks)
+        cached.add_metric([w, "dram"], s.num_cached_dram_blocks)
+    return queries, hits, cached

@@ -54,6 +54,8 @@ VLLM_SERIES = (
     "vllm:gpu_cache_usage_perc",
     "vllm:cpu_cache_usage_perc",
     "vllm:num_preemptions_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
 )
 
 
@@ -141,6 +143,20 @@ class VllmEngineCollector(Collector):
         )
         preemptions.add_metric([self.model_name], sum(s.num_preemptions for s in statuses))
         yield preemptions
+        queries = CounterMetricFamily(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+            labels=["model_name"],
+        )  # fmt: skip
+        queries.add_metric([self.model_name], sum(s.num_prefix_queried_tokens for s in statuses))
+        hits = CounterMetricFamily(
+            "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache (either tier)",
+            labels=["model_name"],
+        )  # fmt: skip
+        hits.add_metric(
+            [self.model_name],
+            sum(s.num_prefix_hbm_hit_tokens + s.num_prefix_dram_hit_tokens for s in statuses),
+        )
+        yield from (queries, hits)
 
     def gauges(self, statuses: Sequence[WorkerStatus]) -> Iterator[Metric]:
         hbm_total = sum(s.num_hbm_blocks for s in statuses)

@@ -18,6 +18,7 @@ vLLM's ``--burstiness``: gamma gaps with shape ``burstiness`` and scale ``1 / (r
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -47,6 +48,10 @@ class TraceRequest:
     # Mooncake's ids of the prompt's 512-token blocks: equal ids, equal tokens (shared
     # prefixes); empty where the trace gives none (every prompt then unique).
     hash_ids: tuple[int, ...] = ()
+    # A synthesized conversation (lab/sessions.py): turns of one session share its tokens
+    # (the prompt so far is a prefix of the next turn's), all share the system prompt.
+    session: int | None = None
+    system_len: int = 0
 
 
 def arrivals(num: int, rps: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
@@ -136,7 +141,7 @@ def _check_rate(rps: float, burstiness: float) -> None:
 def _clip(req: TraceRequest, max_input_len: int | None, max_output_len: int | None) -> TraceRequest:
     input_len = req.input_len if max_input_len is None else min(req.input_len, max_input_len)
     output_len = req.output_len if max_output_len is None else min(req.output_len, max_output_len)
-    return TraceRequest(req.arrival_s, max(1, input_len), max(1, output_len), req.hash_ids)
+    return dataclasses.replace(req, input_len=max(1, input_len), output_len=max(1, output_len))
 
 
 def _parse_synthetic(spec: str) -> tuple[int, int]:

@@ -31,6 +31,8 @@ WORKER_MODEL_FIELDS = (
     "num_hbm_blocks",
     "num_dram_blocks",
     "max_num_batched_tokens",
+    "enable_prefix_caching",
+    "dram_prefix_caching",
     "max_num_seqs",
     "transfer_backend",
     "b_xfer",
@@ -144,7 +146,9 @@ def _worker_args(args: argparse.Namespace) -> list[str]:
 
     for name in WORKER_MODEL_FIELDS:
         value = getattr(args, name)
-        if value is not None:
+        if isinstance(value, bool):  # a switch: --x or --no-x
+            out.append(flag_name(name) if value else flag_name(name).replace("--", "--no-", 1))
+        elif value is not None:
             out += [flag_name(name), str(value)]
     return out
 

@@ -20,6 +20,8 @@ class EngineConfig:
     transfer_backend: str = "cpu"  # cpu | cuda | naive
     eager_sync: bool = True
     device: str = "cpu"
+    prefix_caching: bool = False  # HBM's prefix cache (data_plane/kv/prefix_cache.py)
+    dram_prefix_caching: bool = True  # with it: the DRAM tier's synced copies as a second level
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

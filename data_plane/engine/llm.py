@@ -108,7 +108,7 @@ def build_kv_manager(
     if num_dram is None:
         num_dram = geometry.blocks_in(config.dram_kv_gib)
     if num_dram == 0:
-        return KVCacheManager(hbm.shape[0], config.block_size)
+        return KVCacheManager(hbm.shape[0], config.block_size, config.prefix_caching)
     pinner = None
     num_ready = num_dram
     if not hbm.is_cuda:
@@ -130,6 +130,8 @@ def build_kv_manager(
         eager_sync=config.eager_sync,
         num_dram_blocks_ready=num_ready,
         pinner=pinner,
+        prefix_caching=config.prefix_caching,
+        dram_prefix_caching=config.dram_prefix_caching,
     )
 
 

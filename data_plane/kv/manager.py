@@ -196,8 +196,8 @@ class KVCacheManager:
 
     def free(self, request_id: str) -> None:
         table = self.tables.pop(request_id, None)
-        if table is not None:
-            self.hbm.free([h for h in table.hbm_ids if h is not None])
+        if table is not None:  # tail first: a prefix's last blocks are evicted before its root
+            self.hbm.free([h for h in reversed(table.hbm_ids) if h is not None])
 
     def rotate_out(self, request_id: str) -> bool:
         """Park the request's KV in DRAM; False when it cannot (no DRAM tier / room)."""

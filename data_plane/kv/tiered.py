@@ -298,10 +298,10 @@ class TieredKVCacheManager(KVCacheManager):
             return
         self._urgent = deque(m for m in self._urgent if m.request_id != request_id)
         self._syncs = deque(m for m in self._syncs if m.request_id != request_id)
-        for hbm_id in table.hbm_ids:
+        for hbm_id in reversed(table.hbm_ids):  # tail first: evicted before the prefix's root
             if hbm_id is not None:
                 self._release(hbm_id, self.hbm, self._busy_hbm, self._deferred_hbm)
-        for dram_id in table.dram_ids:
+        for dram_id in reversed(table.dram_ids):
             if dram_id is not None:
                 self._release(dram_id, self.dram, self._busy_dram, self._deferred_dram)
 

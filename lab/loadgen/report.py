@@ -227,8 +227,13 @@ def server_counters(text: str) -> dict[str, Any]:
     """Counters a row reports (summed over workers), the policy, and request/token totals."""
     totals: dict[str, float] = {}
     policy = None
-    for name, labels, value in parse_prometheus(text):
-        short = next((name[len(p) :] for p in _SERVER_PREFIXES if name.startswith(p)), None)
+    samples = parse_prometheus(text)
+    # Ours when there (a SuperInfer gateway exports vLLM's names too: counting both would
+    # double every total), else vLLM's (a vLLM server under test).
+    ours = any(name.startswith(_SERVER_PREFIXES[0]) for name, _, _ in samples)
+    prefixes = _SERVER_PREFIXES[:1] if ours else _SERVER_PREFIXES[1:]
+    for name, labels, value in samples:
+        short = next((name[len(p) :] for p in prefixes if name.startswith(p)), None)
         if short is None:
             continue
         if short == "policy_info" and value == 1.0:

@@ -55,6 +55,13 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     add("--b-xfer", default="auto", help="blocks per iteration, or auto (default)")
     add("--transfer", choices=("duplex", "naive"), default="duplex")
     add("--no-eager-sync", action="store_true", help="ablation: no background D2H sync")
+    add(
+        "--prefix-caching",
+        choices=("off", "hbm", "both"),
+        default="off",
+        help="prefix caching: off, HBM only (vLLM V1's), or HBM + the DRAM tier (a policy "
+        "without DRAM gets HBM); prompts share prefixes only where the trace has hash_ids",
+    )
     add("--max-num-batched-tokens", type=int, default=8192)
     add("--max-num-seqs", type=int, default=256)
     add(
@@ -117,6 +124,7 @@ def build_jobs(args: argparse.Namespace) -> tuple[list[SweepJob], dict[str, Any]
         args.max_num_seqs,
         args.transfer,
         not args.no_eager_sync,
+        prefix_caching=args.prefix_caching,
     )
     jobs = [
         SweepJob(
@@ -169,6 +177,7 @@ def _config(
         block_bytes=setup.block_bytes,
         b_xfer=setup.b_xfer,
         eager_sync=setup.eager_sync,
+        prefix_caching=setup.prefix_caching,
     )
     return config
 

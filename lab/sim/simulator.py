@@ -136,10 +136,14 @@ def prompt_tokens(index: int, request: TraceRequest, num_tokens: int) -> list[in
     prefix caching): each of the trace's 512-token ``hash_ids`` blocks becomes tokens that
     depend on the id alone, so requests sharing ids share a prefix; the rest, and every prompt
     of a trace without hash ids, is unique to the request."""
+    if request.session is not None:  # a conversation: the system prompt, then its stream
+        system = min(request.system_len, num_tokens)
+        stream = _UNIQUE_BASE * (request.session + 1)
+        return list(range(system)) + list(range(stream + system, stream + num_tokens))
     tokens = [
         h * HASH_BLOCK_TOKENS + k for h in request.hash_ids for k in range(HASH_BLOCK_TOKENS)
     ][:num_tokens]
-    base = _UNIQUE_BASE * (index + 1)
+    base = _UNIQUE_BASE * (index + 1) + (1 << 62)  # apart from the sessions' streams
     tokens.extend(range(base + len(tokens), base + num_tokens))
     return tokens
 
@@ -281,5 +285,18 @@ def _row(
         "bytes_h2d": transfer.stats.bytes_h2d if transfer else 0,
         "bytes_d2h": transfer.stats.bytes_d2h if transfer else 0,
         "exposed_transfer_s": transfer.exposed_transfer_s if transfer else 0.0,
+        **_prefix_fields(parts),
     }
     return row
+
+
+def _prefix_fields(parts: SimParts) -> dict[str, Any]:
+    """Prompt tokens looked up in the prefix caches at admission and the fraction found per
+    tier (0 with caching off)."""
+    counters = parts.engine.kv.prefix_counters
+    queried = max(1, counters.num_queried_tokens)
+    return {
+        "prefix_queried_tokens": counters.num_queried_tokens,
+        "prefix_hbm_hit_frac": counters.num_hbm_hit_tokens / queried,
+        "prefix_dram_hit_frac": counters.num_dram_hit_tokens / queried,
+    }

@@ -11,6 +11,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
+from lab.sessions import conversations
 from lab.sim.setup import SimSetup
 from lab.sim.simulator import ProgressFn, SimResult, run_simulation
 from lab.traces import TraceRequest, load_trace
@@ -32,6 +33,7 @@ class SweepJob:
     seed: int = 0
     label: str = ""
     horizon_s: float | None = None  # stop the run at this virtual time (None: run to the end)
+    turns: int = 0  # > 0: the trace regrouped into conversations of this many turns (sessions)
 
     @property
     def name(self) -> str:
@@ -40,18 +42,17 @@ class SweepJob:
 
 @functools.lru_cache(maxsize=16)
 def _trace(
-    spec: str, rps: float, duration_s: float, burstiness: float, seed: int
+    spec: str, rps: float, duration_s: float, burstiness: float, seed: int, turns: int = 0
 ) -> tuple[TraceRequest, ...]:
-    return tuple(
-        load_trace(
-            spec,
-            rps=rps,
-            duration_s=duration_s,
-            num_requests=None,
-            burstiness=burstiness,
-            seed=seed,
-        )
+    requests = load_trace(
+        spec,
+        rps=rps,
+        duration_s=duration_s,
+        num_requests=None,
+        burstiness=burstiness,
+        seed=seed,
     )
+    return tuple(conversations(requests, turns, seed=seed) if turns else requests)
 
 
 def details(job: SweepJob, result: SimResult) -> dict[str, Any]:
@@ -91,7 +92,7 @@ def run_job(
     job: SweepJob, on_progress: ProgressFn | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(row, details) of one job."""
-    trace = _trace(job.trace, job.rps, job.duration_s, job.burstiness, job.seed)
+    trace = _trace(job.trace, job.rps, job.duration_s, job.burstiness, job.seed, job.turns)
     result = run_simulation(
         trace,
         job.policy,

@@ -313,3 +313,10 @@ class WorkerStatus:
     # The minimum residency LVF plans with there (adapted online unless pinned); None: older
     # workers.
     lvf_min_residency_s: float | None = None
+    # Prefix caching (vLLM's prefix_cache_queries / hits, in tokens, hits per tier) and the
+    # blocks each tier's index holds.
+    num_prefix_queried_tokens: int = 0
+    num_prefix_hbm_hit_tokens: int = 0
+    num_prefix_dram_hit_tokens: int = 0
+    num_cached_hbm_blocks: int = 0
+    num_cached_dram_blocks: int = 0

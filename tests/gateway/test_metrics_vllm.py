@@ -24,7 +24,9 @@ def _status(worker_id: str, **changes: Any) -> WorkerStatus:
         num_hbm_blocks=100, num_free_hbm_blocks=40, num_dram_blocks=400, num_free_dram_blocks=300,
         max_num_batched_tokens=2048, iteration_time_s=0.02, plan_source="remote", policy="lvf",
         num_preemptions=4, num_rotations_out=7, num_rotations_in=6, bytes_h2d=10, bytes_d2h=20,
-        accepting=True, lvf_min_residency_s=0.5,
+        accepting=True, lvf_min_residency_s=0.5, num_prefix_queried_tokens=1000,
+        num_prefix_hbm_hit_tokens=300, num_prefix_dram_hit_tokens=100, num_cached_hbm_blocks=9,
+        num_cached_dram_blocks=30,
     )  # fmt: skip
     return WorkerStatus(**{**fields, **changes})
 
@@ -66,6 +68,8 @@ def test_engine_gauges_are_summed_over_live_workers_per_model() -> None:
     assert samples[("vllm:gpu_cache_usage_perc", model)] == 0.25
     assert samples[("vllm:cpu_cache_usage_perc", model)] == 0.25
     assert samples[("vllm:num_preemptions_total", model)] == 8
+    assert samples[("vllm:prefix_cache_queries_total", model)] == 2000
+    assert samples[("vllm:prefix_cache_hits_total", model)] == 800  # both tiers, both workers
     assert not any(n.startswith("vllm:") and "worker" in dict(k) for n, k in samples)
 
 
@@ -144,3 +148,12 @@ def test_vllm_metrics_setting_reads_the_environment(monkeypatch: Any) -> None:
     assert GatewaySettings().vllm_metrics is False
     monkeypatch.delenv("SUPERINFER_VLLM_METRICS")
     assert GatewaySettings().vllm_metrics is True
+
+
+def test_prefix_cache_series_per_worker_and_tier() -> None:
+    samples = _samples(_metrics())
+    w0 = (("worker", "w0"),)
+    assert samples[("superinfer:prefix_cache_queries_total", w0)] == 1000
+    assert samples[("superinfer:prefix_cache_hits_total", (("tier", "hbm"), *w0))] == 300
+    assert samples[("superinfer:prefix_cache_hits_total", (("tier", "dram"), *w0))] == 100
+    assert samples[("superinfer:prefix_cache_blocks", (("tier", "dram"), *w0))] == 30

@@ -54,6 +54,14 @@ def test_serve_passes_the_worker_fields_through_unchanged() -> None:
     assert set(WORKER_MODEL_FIELDS) <= set(WorkerSettings.model_fields)
 
 
+def test_serve_passes_switches_as_switches() -> None:
+    argv = ["serve", "--no-enable-prefix-caching", "--dram-prefix-caching"]
+    passed = _worker_args(build_parser().parse_args(argv))
+    assert passed == ["--no-enable-prefix-caching", "--dram-prefix-caching"]
+    worker = build_parser().parse_args(["data-plane", *passed])
+    assert worker.enable_prefix_caching is False and worker.dram_prefix_caching is True
+
+
 def test_an_unknown_field_is_an_error() -> None:
     with pytest.raises(ValueError, match="no scalar field"):
         add_settings_flags(argparse.ArgumentParser(), WorkerSettings, ["no_such_field"])
