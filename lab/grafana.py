@@ -63,6 +63,8 @@ def worker_max(labels: str, series: str) -> str:
 QUANTILES = ((0.5, "p50"), (0.99, "p99"))
 KV_USAGE = f"superinfer:kv_cache_usage_perc{{{W}}}"
 BYTES = f"rate(superinfer:kv_transfer_bytes_total{{{W}}}{R})"
+PREFIX_HITS = f"rate(superinfer:prefix_cache_hits_total{{{W}}}{R})"
+PREFIX_QUERIES = f"max by (worker) (rate(superinfer:prefix_cache_queries_total{{{W}}}{R}))"
 KNOBS = 'superinfer:knob{name=~"alpha|beta_b|beta_f|min_residency_s"}'
 ATTAINED = {
     "TTFT": ("superinfer:slo_ttft_attained_total", "superinfer:slo_requests_total"),
@@ -101,6 +103,14 @@ ROWS: list[tuple[str, list[PanelSpec]]] = [
           (f"avg by (tier) ({worker_max('tier', KV_USAGE)})", "mean {{tier}}")],
          "HBM and host DRAM blocks in use."),
         ("Iteration time", "s", per_worker("superinfer:iteration_time_seconds")[1:], ""),
+        ("Prefix cache: prompt tokens found, per tier", "percentunit",
+         [(f"sum by (tier) ({worker_max('tier', PREFIX_HITS)})"
+           f" / ignoring (tier) group_left sum({PREFIX_QUERIES})", "{{tier}}")],
+         "Share of the prompt tokens looked up at admission found cached in HBM or, past what "
+         "HBM holds, in host DRAM (loaded by H2D copies instead of prefilled)."),
+        ("Prefix cache: cached blocks per tier", "short",
+         [(worker_max("tier", f"superinfer:prefix_cache_blocks{{{W}}}"), "{{worker}} {{tier}}")],
+         "KV blocks indexed by content (in use or evictable)."),
     ]),
     ("Rotation and transfers", [
         ("Rotations out / in", "ops",
