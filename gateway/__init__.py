@@ -1,1 +1,2 @@
-"""The OpenAI-compatible gateway (not built yet; see the gateway issue)."""
+"""The OpenAI-compatible gateway: REST and SSE, admission, routing to workers, admin API,
+metrics (README's layout table names each module's job)."""

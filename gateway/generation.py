@@ -12,7 +12,6 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.detokenizer import IncrementalDetokenizer
 from gateway.dispatcher import Dispatcher, RequestHandle
 from gateway.errors import APIError
 from gateway.limits import KeyLimiter
@@ -20,6 +19,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.placement import Placement
 from gateway.settings import GatewaySettings
 from gateway.workers import WorkerDirectory
+from shared.detokenizer import IncrementalDetokenizer
 from shared.protocol import SubmitRequest, TokenOutput
 from shared.sampling import SamplingParams
 from shared.slo import SloClass

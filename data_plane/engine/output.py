@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from data_plane.engine.request import FinishReason, Request
+from shared.detokenizer import IncrementalDetokenizer
 from shared.tokenizer import Tokenizer
 
 
@@ -24,26 +25,14 @@ def check_stop(
         reason = FinishReason.LENGTH
     if tokenizer is None or (reason is FinishReason.STOP and is_eos):
         return reason, ""
-    text = _decode_output(request, tokenizer)
-    if text.endswith("\ufffd") and reason is None:
-        return reason, ""  # an incomplete UTF-8 sequence: wait for the next token
-    for stop in params.stop:
-        index = text.find(stop, max(0, len(request.text) - len(stop) + 1))
-        if index >= 0:
-            text = text[:index]
-            reason = FinishReason.STOP
-            break
-    if reason is None and params.stop:
-        # Hold back a tail that may be the start of a stop string (never stream half of one).
-        text = text[: len(text) - (max(len(s) for s in params.stop) - 1)]
-    if len(text) < len(request.text):
-        return reason, ""
-    delta = text[len(request.text) :]
-    request.text = text
+    detokenizer = request.detokenizer
+    if detokenizer is None:  # offline only: served, the gateway decodes
+        detokenizer = IncrementalDetokenizer(tokenizer, request.prompt_token_ids, list(params.stop))
+        request.detokenizer = detokenizer
+    delta = detokenizer.add([token])
+    if detokenizer.stopped:
+        reason = FinishReason.STOP
+    if reason is not None:
+        delta += detokenizer.flush()
+    request.text += delta
     return reason, delta
-
-
-def _decode_output(request: Request, tokenizer: Tokenizer) -> str:
-    if request.prompt_text_len is None:
-        request.prompt_text_len = len(tokenizer.decode(request.prompt_token_ids))
-    return tokenizer.decode(request.all_token_ids)[request.prompt_text_len :]

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from data_plane.engine.sampling import SamplingParams
+from shared.detokenizer import IncrementalDetokenizer
 from shared.policy import RequestState
 
 
@@ -39,7 +40,7 @@ class Request:
     t_first_run_s: float | None = None  # first admitted (queue time = this - t_arr_s)
     finish_reason: FinishReason | None = None
     text: str = ""
-    prompt_text_len: int | None = None  # length of the decoded prompt (stop-string checks)
+    detokenizer: IncrementalDetokenizer | None = None  # offline text and stop strings
     num_preemptions: int = 0
     num_rotations: int = 0
     # With prefix caching: the keys of the full blocks known so far (the prompt's at arrival,

@@ -1,4 +1,5 @@
-"""Incremental, UTF-8-safe detokenizing with stop strings, one request at a time.
+"""Incremental, UTF-8-safe detokenizing with stop strings, one request at a time: the one
+detokenizer, used by the gateway (serving) and the engine offline (``superinfer generate``).
 
 Text is decoded over a sliding window that starts a few tokens back (vLLM's prefix/read offset
 scheme), so a token's leading space and multi-token UTF-8 characters come out right, and a

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.detokenizer import IncrementalDetokenizer
+from shared.detokenizer import IncrementalDetokenizer
 from shared.tokenizer import ByteTokenizer, Llama2cTokenizer
 
 
