@@ -30,6 +30,14 @@ from shared.protocol import RotationPlan, StateSnapshot, decode, encode
 from shared.protocol.convert import table_from_columns
 from shared.runtime import collect_due_garbage, garbage_collected_between_iterations
 
+# What a run leaves in Redis: its streams, and the lease and plan fence of its worker (an
+# earlier run's fence would refuse plans for iterations it already planned).
+BENCH_KEYS = (
+    streams.SNAPSHOTS_STREAM,
+    streams.worker_plans_stream("bench-w"),
+    streams.worker_owner_key("bench-w"),
+    streams.worker_plan_fence_key("bench-w"),
+)
 WARMUP_ITERATIONS = 5  # the first plans after start-up (imports, connections) are not counted
 SNAPSHOT_SCALARS = dict(
     num_free_hbm_blocks=200,
@@ -88,14 +96,16 @@ def snapshot_message(columns: RequestColumns, iteration: int) -> StateSnapshot:
 
 
 async def measure(
-    redis: Redis, num: int, iterations: int, period_s: float
+    redis: Redis, num: int, iterations: int, period_s: float, first: int = 0
 ) -> tuple[list[float], int]:
+    """Iterations ``first .. first + iterations - 1`` (iteration numbers only grow, as a
+    worker's do: the control plane's fence publishes one plan per iteration)."""
     rng = np.random.default_rng(0)
     plans = streams.worker_plans_stream("bench-w")
     last = (await redis.xrevrange(plans, count=1) or [(b"0-0", {})])[0][0]
     latencies: list[float] = []
     stalled = 0
-    for iteration in range(iterations):
+    for iteration in range(first, first + iterations):
         columns = make_columns(num, rng)
         t_sent = time.perf_counter()  # from here: pack + encode, the round trip, decode
         msg = snapshot_message(columns, iteration)
@@ -142,11 +152,7 @@ async def wait_until_ready(redis: Redis, timeout_s: float = 60.0) -> None:
 
 async def main_async(args: argparse.Namespace) -> None:
     redis = Redis.from_url(args.redis_url)
-    await redis.delete(
-        streams.SNAPSHOTS_STREAM,
-        streams.worker_plans_stream("bench-w"),
-        streams.CONTROL_PLANE_HEARTBEAT_KEY,
-    )
+    await redis.delete(*BENCH_KEYS, streams.CONTROL_PLANE_HEARTBEAT_KEY)
     await write_knobs(redis, {"policy": "lvf"})
     env = {**os.environ, "SUPERINFER_REDIS_URL": args.redis_url}
     proc = subprocess.Popen(
@@ -159,8 +165,10 @@ async def main_async(args: argparse.Namespace) -> None:
         await wait_until_ready(redis)
         await measure(redis, 256, WARMUP_ITERATIONS, args.iteration_ms / 1e3)  # not counted
         results = {}
-        for num in (256, 4096):
-            lat, stalled = await measure(redis, num, args.iterations, args.iteration_ms / 1e3)
+        for index, num in enumerate((256, 4096)):
+            first = WARMUP_ITERATIONS + index * args.iterations
+            period_s = args.iteration_ms / 1e3
+            lat, stalled = await measure(redis, num, args.iterations, period_s, first)
             results[num] = (pct(lat, 50), pct(lat, 99), stalled)
             print(
                 f"{num:5d} requests: p50 {results[num][0]:.2f} ms  p99 {results[num][1]:.2f} ms"
@@ -169,7 +177,7 @@ async def main_async(args: argparse.Namespace) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-        await redis.delete(streams.SNAPSHOTS_STREAM, streams.worker_plans_stream("bench-w"))
+        await redis.delete(*BENCH_KEYS)
         await redis.aclose()
     p50, p99, stalled = results[4096]
     print(

@@ -25,8 +25,10 @@ log = structlog.get_logger(__name__)
 
 @dataclass(eq=False)
 class RequestHandle:
-    """One in-flight request as the gateway sees it. ``outputs`` is bounded: a client that
-    stops reading while the worker keeps producing ends with ``overflowed`` set."""
+    """One in-flight request's wire state, changed only by the :class:`Dispatcher` (its
+    ``Generation`` owns the rest: parameters, placement, the worker it watches, the submit
+    kept for a move). ``outputs`` is bounded: a client that stops reading while the worker
+    keeps producing ends with ``overflowed`` set."""
 
     request_id: str
     worker_id: str
@@ -40,9 +42,6 @@ class RequestHandle:
     num_received: int = 0  # output tokens received so far (the next expected index)
     overflowed: bool = False
     failure: APIError | None = None  # set by the gateway (e.g. the worker died)
-    worker_epoch: str = ""
-    t_worker_seen_s: float = 0.0  # the last heartbeat of its worker seen alive
-    submit: SubmitRequest | None = None  # kept until the first token, for a resubmit
     lost_output: bool = False  # an output message is missing (index gap)
     done: bool = False
 

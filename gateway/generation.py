@@ -82,6 +82,11 @@ class Generation:
         self.handle = handle
         self.params = params
         self.placement = placement
+        # The worker it runs on as last seen alive (a restart changes the epoch), and the
+        # submit kept until the first token, to move the request if that worker dies.
+        self.worker_epoch = ""
+        self.t_worker_seen_s = 0.0
+        self.submit: SubmitRequest | None = None
         self.request_id = handle.request_id
         self.num_prompt_tokens = len(params.prompt_token_ids)
         self.num_completion_tokens = 0
@@ -153,7 +158,7 @@ class Generation:
             self._timeline.t_first_run_s = msg.t_first_run_s
         if msg.token_ids and self._timeline.t_first_s is None:
             self.placement.started()
-            self.handle.submit = None
+            self.submit = None
         self._timeline.on_tokens(len(msg.token_ids), now)
         self.num_completion_tokens += len(msg.token_ids)
         text = self._detok.add(msg.token_ids)
@@ -202,8 +207,8 @@ class GenerationService:
             self.directory, self.key_limiter, status.worker_id, num_prompt_tokens, params.key_id
         )
         handle = self.dispatcher.open(request_id, status.worker_id, num_prompt_tokens)
-        handle.worker_epoch, handle.t_worker_seen_s = status.epoch, status.t_heartbeat_s
         generation = Generation(self, handle, params, placement)
+        generation.worker_epoch, generation.t_worker_seen_s = status.epoch, status.t_heartbeat_s
         submit = SubmitRequest(
             request_id=request_id,
             prompt_token_ids=params.prompt_token_ids,
@@ -221,7 +226,7 @@ class GenerationService:
             self.dispatcher.release(handle)
             placement.release()
             raise APIError(503, f"could not reach the request bus: {exc}", code="bus") from exc
-        handle.submit = submit
+        generation.submit = submit
         self.active[request_id] = generation
         log.info("request_submitted", request_id=request_id, worker_id=status.worker_id)
         return generation
@@ -271,12 +276,12 @@ class GenerationService:
             if handle.done:  # finished while an earlier request was being moved
                 continue
             status = self.directory.statuses.get(handle.worker_id)
-            if status is not None and status.epoch == handle.worker_epoch:
-                handle.t_worker_seen_s = max(handle.t_worker_seen_s, status.t_heartbeat_s)
-            restarted = status is not None and status.epoch != handle.worker_epoch
-            if not restarted and now - handle.t_worker_seen_s <= dead_s:
+            if status is not None and status.epoch == generation.worker_epoch:
+                generation.t_worker_seen_s = max(generation.t_worker_seen_s, status.t_heartbeat_s)
+            restarted = status is not None and status.epoch != generation.worker_epoch
+            if not restarted and now - generation.t_worker_seen_s <= dead_s:
                 continue
-            if handle.submit is not None and handle.num_received == 0:
+            if generation.submit is not None and handle.num_received == 0:
                 try:
                     if await self._resubmit(generation):
                         continue
@@ -288,7 +293,7 @@ class GenerationService:
             self.dispatcher.fail(handle, APIError(503, message, code="worker_lost"))
 
     async def _resubmit(self, generation: Generation) -> bool:
-        handle, submit = generation.handle, generation.handle.submit
+        handle, submit = generation.handle, generation.submit
         candidates = [s for s in self.directory.routable() if s.worker_id != handle.worker_id]
         if submit is None or not candidates:
             return False
@@ -298,7 +303,8 @@ class GenerationService:
         if handle.done:  # the client left while it moved: drop the new copy too
             self.abort_later(handle)
             return True
-        handle.worker_epoch, handle.t_worker_seen_s = status.epoch, status.t_heartbeat_s
+        generation.worker_epoch = status.epoch
+        generation.t_worker_seen_s = status.t_heartbeat_s
         log.warning("request_moved", request_id=handle.request_id, worker_id=status.worker_id)
         return True
 

@@ -8,7 +8,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -56,14 +56,10 @@ async def chat_completions(
     body: ChatCompletionRequest, request: Request
 ) -> JSONResponse | SseResponse:
     state = _state(request)
-    reject_unsupported(body)
-    caller = await admit(state, request, body)  # before anything costly: the key first
-    prompt_ids = await state.prompts.chat_completion(body)
     max_tokens = body.max_completion_tokens or body.max_tokens
-    params = generation_params(state, request, body, caller, prompt_ids, max_tokens)
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    generation = await _start(state, request_id, params)
-    created = int(time.time())
+    prompt = state.prompts.chat_completion(body)
+    generation = await _admit_and_start(state, request, body, prompt, max_tokens, "chatcmpl")
+    request_id, created = generation.request_id, int(time.time())
     head = {"id": request_id, "created": created, "model": state.model_name}
     if body.stream:
         return _sse(generation, _chat_chunk(head), body, first={"role": "assistant", "content": ""})
@@ -80,13 +76,10 @@ async def chat_completions(
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> JSONResponse | SseResponse:
     state = _state(request)
-    reject_unsupported(body)
-    caller = await admit(state, request, body)  # before anything costly: the key first
-    prompt_ids = await state.prompts.completion(body.prompt)
     max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's and vLLM's default
-    params = generation_params(state, request, body, caller, prompt_ids, max_tokens)
-    request_id = f"cmpl-{uuid.uuid4().hex}"
-    generation = await _start(state, request_id, params)
+    prompt = state.prompts.completion(body.prompt)
+    generation = await _admit_and_start(state, request, body, prompt, max_tokens, "cmpl")
+    request_id = generation.request_id
     head = {"id": request_id, "created": int(time.time()), "model": state.model_name}
     if body.stream:
         return _sse(generation, _completion_chunk(head), body, first=None)
@@ -105,6 +98,32 @@ def fast_routes() -> FastRoutes:
         "/v1/chat/completions": (ChatCompletionRequest, chat_completions),
         "/v1/completions": (CompletionRequest, completions),
     }
+
+
+async def _admit_and_start(
+    state: GatewayState,
+    request: Request,
+    body: SamplingFields,
+    prompt: Coroutine[Any, Any, list[int]],
+    max_tokens: int | None,
+    id_prefix: str,
+) -> Generation:
+    """Everything before the first token, in order: fields we do not serve, the caller (its
+    key before anything costly), the prompt, the parameters, routing and submit. A refusal on
+    the way is counted (``superinfer:requests_rejected`` by status) and answered."""
+    try:
+        try:
+            reject_unsupported(body)
+            caller = await admit(state, request, body)
+        except BaseException:
+            prompt.close()  # never awaited: the refusal came first
+            raise
+        prompt_ids = await prompt
+        params = generation_params(state, request, body, caller, prompt_ids, max_tokens)
+        return await _start(state, f"{id_prefix}-{uuid.uuid4().hex}", params)
+    except APIError as exc:
+        state.metrics.rejected.labels(str(exc.status_code)).inc()
+        raise
 
 
 async def _start(state: GatewayState, request_id: str, params: GenerationParams) -> Generation:

@@ -47,6 +47,8 @@ async def test_full_queue_gets_429_with_retry_after(served: Served, stories_path
             for accepted in (r for r in responses if r.status_code == 200):
                 assert accepted.json()["usage"]["completion_tokens"] == 8
             assert await asyncio.gather(*running) == [200] * 4
+            metrics = await client.get(f"{small_url}/metrics", headers=served.admin_headers)
+            assert 'superinfer:requests_rejected_total{status="429"} 4.0' in metrics.text
 
 
 def test_client_disconnect_frees_the_blocks(served: Served) -> None:
