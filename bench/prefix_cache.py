@@ -108,9 +108,10 @@ def run_simulated(args: argparse.Namespace) -> dict[tuple[str, str, float, str],
     jobs = simulated_jobs(args)
     rows: dict[tuple[str, str, float, str], dict[str, Any]] = {}
     print(f"== simulated: {len(jobs)} runs, {DURATION_S:g} s of arrivals", flush=True)
-    for job, (row, _) in zip(jobs, run_sweep(jobs, args.workers), strict=True):
+    for job, (row, details) in zip(jobs, run_sweep(jobs, args.workers), strict=True):
         name, profile, variant = job.name.split("|")
-        rows[(name, profile, job.rps, variant)] = row
+        prefix = {k: v for k, v in details.items() if k.startswith("prefix_")}
+        rows[(name, profile, job.rps, variant)] = {**row, **prefix}
     header = f"{'workload':9s} {'profile':16s} {'rps':>4s} {'variant':10s}"
     print(f"{header} TTFT%  TBT%  good/s  tok/s  hbm-hit dram-hit saved  rotations")
     for (name, profile, rps, variant), r in rows.items():

@@ -45,6 +45,25 @@ class ControlPlaneCollector(Collector):
         )
         version.add_metric([self.control.knobs.policy], float(self.control.knobs_version))
         yield version
+        leases = self.control.leases
+        fenced = CounterMetricFamily(
+            "superinfer_control_plane_plans_fenced",
+            "plans the fence refused (lease lost, or the iteration already planned)",
+        )
+        fenced.add_metric([], float(self.control.num_fenced))
+        owned = GaugeMetricFamily(
+            "superinfer_control_plane_workers_owned", "workers whose lease this replica holds"
+        )
+        owned.add_metric([], float(len(leases.owned)))
+        replicas = GaugeMetricFamily(
+            "superinfer_control_plane_live_replicas", "control-plane replicas seen alive"
+        )
+        replicas.add_metric([], float(leases.num_live_replicas))
+        lost = CounterMetricFamily(
+            "superinfer_control_plane_leases_lost", "leases found held by another replica"
+        )
+        lost.add_metric([], float(leases.num_lost))
+        yield from (fenced, owned, replicas, lost)
 
 
 async def apply_config(

@@ -59,6 +59,9 @@ class SimResult:
     leaked_hbm_blocks: int = 0
     leaked_dram_blocks: int = 0
     b_xfer_history: list[int] = field(default_factory=list)  # sampled every 64 iterations
+    # Prefix caching: prompt tokens looked up, the fraction found per tier (not row keys: a
+    # row has the keys `superinfer bench` rows have).
+    prefix: dict[str, Any] = field(default_factory=dict)
 
 
 def simulate(
@@ -115,6 +118,7 @@ def run_simulation(
         for i, (r, t) in enumerate(zip(trace, times, strict=True))
     ]
     result.row = _row(policy, rps, trace, parts, result)
+    result.prefix = prefix_fields(parts)
     result.wall_s = time.perf_counter() - t0
     return result
 
@@ -285,12 +289,11 @@ def _row(
         "bytes_h2d": transfer.stats.bytes_h2d if transfer else 0,
         "bytes_d2h": transfer.stats.bytes_d2h if transfer else 0,
         "exposed_transfer_s": transfer.exposed_transfer_s if transfer else 0.0,
-        **_prefix_fields(parts),
     }
     return row
 
 
-def _prefix_fields(parts: SimParts) -> dict[str, Any]:
+def prefix_fields(parts: SimParts) -> dict[str, Any]:
     """Prompt tokens looked up in the prefix caches at admission and the fraction found per
     tier (0 with caching off)."""
     counters = parts.engine.kv.prefix_counters

@@ -78,6 +78,7 @@ def details(job: SweepJob, result: SimResult) -> dict[str, Any]:
         "b_xfer_median": _median(result.b_xfer_history),
         "leaked_hbm_blocks": result.leaked_hbm_blocks,
         "leaked_dram_blocks": result.leaked_dram_blocks,
+        **result.prefix,
     }
 
 

@@ -180,6 +180,8 @@ async def test_control_plane_probes_and_config_seeding(redis_client: Redis) -> N
             metrics = (await client.get("/metrics")).text
             assert "superinfer_control_plane_plans_total" in metrics
             assert "superinfer_control_plane_knobs_version" in metrics
+            assert "superinfer_control_plane_plans_fenced_total 0.0" in metrics
+            assert "superinfer_control_plane_live_replicas" in metrics
         stop.set()
         await asyncio.wait_for(task, 10)
 

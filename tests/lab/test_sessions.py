@@ -55,7 +55,7 @@ def test_the_simulator_models_the_caches(policy: str) -> None:
     rows = {}
     for caching in ("off", "hbm", "both"):
         setup = SimSetup(load_profile("h200-llama3-8b"), 1.0, 8.0, prefix_caching=caching)
-        rows[caching] = run_simulation(trace, policy, Knobs(), setup, horizon_s=200).row
+        rows[caching] = run_simulation(trace, policy, Knobs(), setup, horizon_s=200).prefix
     assert rows["off"]["prefix_hbm_hit_frac"] == 0 == rows["off"]["prefix_dram_hit_frac"]
     assert rows["hbm"]["prefix_hbm_hit_frac"] > 0.3
     saved = {k: r["prefix_hbm_hit_frac"] + r["prefix_dram_hit_frac"] for k, r in rows.items()}
