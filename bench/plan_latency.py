@@ -24,6 +24,7 @@ import numpy as np
 from redis.asyncio import Redis
 
 from shared import streams
+from shared.bus import queue_snapshot
 from shared.knobs import write_knobs
 from shared.policy.columns import ROTARY_CODE, RUNNING_CODE, WAITING_CODE, RequestColumns
 from shared.protocol import RotationPlan, StateSnapshot, decode, encode
@@ -33,7 +34,8 @@ from shared.runtime import collect_due_garbage, garbage_collected_between_iterat
 # What a run leaves in Redis: its streams, and the lease and plan fence of its worker (an
 # earlier run's fence would refuse plans for iterations it already planned).
 BENCH_KEYS = (
-    streams.SNAPSHOTS_STREAM,
+    streams.worker_snapshots_stream("bench-w"),
+    streams.SNAPSHOT_WORKERS_KEY,
     streams.worker_plans_stream("bench-w"),
     streams.worker_owner_key("bench-w"),
     streams.worker_plan_fence_key("bench-w"),
@@ -109,12 +111,9 @@ async def measure(
         columns = make_columns(num, rng)
         t_sent = time.perf_counter()  # from here: pack + encode, the round trip, decode
         msg = snapshot_message(columns, iteration)
-        await redis.xadd(
-            streams.SNAPSHOTS_STREAM,
-            {"m": encode(msg)},
-            maxlen=streams.MAXLEN_SNAPSHOTS,  # as the worker does
-            approximate=True,
-        )
+        async with redis.pipeline(transaction=False) as pipe:
+            queue_snapshot(pipe, "bench-w", encode(msg), time.time())  # as the worker does
+            await pipe.execute()
         got = None
         while got is None:
             remaining_ms = max(1, int((t_sent + 1.0 - time.perf_counter()) * 1e3))

@@ -64,6 +64,21 @@ class ControlPlaneCollector(Collector):
         )
         lost.add_metric([], float(leases.num_lost))
         yield from (fenced, owned, replicas, lost)
+        reader = self.control.reader
+        deltas = CounterMetricFamily(
+            "superinfer_control_plane_snapshot_deltas", "snapshots rebuilt from a delta"
+        )
+        deltas.add_metric([], float(reader.num_deltas))
+        missing = CounterMetricFamily(
+            "superinfer_control_plane_snapshot_base_missing",
+            "delta snapshots skipped: their base table is not held here (handover, restart)",
+        )
+        missing.add_metric([], float(reader.num_missing_base))
+        read = CounterMetricFamily(
+            "superinfer_control_plane_snapshot_bytes", "encoded snapshot bytes read and decoded"
+        )
+        read.add_metric([], float(reader.num_bytes))
+        yield from (deltas, missing, read)
 
 
 async def apply_config(

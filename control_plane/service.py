@@ -1,23 +1,23 @@
 """`superinfer control-plane`: plan every worker's next iteration from its latest snapshot.
 
-Snapshots arrive on one stream; only the newest per worker matters (older ones are skipped, so
-a slow control plane never falls behind). Plans go to each worker's plan stream. The knobs live
-in a Redis hash with a version and are reloaded when the version changes; the last knobs and SLO
-classes it saw are written back when Redis loses them (:mod:`control_plane.keeper`). The service
-keeps no state that a restart would lose: it resumes from the next snapshot.
+Each worker publishes its snapshots on its own stream; only the newest matters (older ones are
+skipped, so a slow control plane never falls behind). Plans go to each worker's plan stream.
+The knobs live in a Redis hash with a version and are reloaded when the version changes; the
+last knobs and SLO classes it saw are written back when Redis loses them
+(:mod:`control_plane.keeper`). The service keeps no state that a restart would lose: it resumes
+from the next snapshot (a delta against a table it no longer holds is skipped until the worker
+sends a whole one).
 
-Several replicas share the workers (:mod:`control_plane.lease`): each reads every snapshot's
-worker id (a few bytes, without decoding the rest), decodes and plans only the workers whose
-lease it holds, and publishes through the fence, so a worker gets at most one plan per iteration.
+Several replicas share the workers (:mod:`control_plane.lease`): each finds the workers in the
+registry (:mod:`control_plane.snapshots`), reads and plans only those whose lease it holds, and
+publishes through the fence, so a worker gets at most one plan per iteration.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
-import msgpack
 import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -25,12 +25,13 @@ from redis.exceptions import RedisError
 from control_plane.keeper import ConfigKeeper
 from control_plane.lease import PUBLISHED, Leases
 from control_plane.settings import ControlPlaneSettings
+from control_plane.snapshots import SnapshotReader, WorkerDirectory, WorkerSnapshot
 from shared import streams
 from shared.b_xfer import resolve_b_xfer_blocks
 from shared.knobs import read_knobs
-from shared.policy import ColumnarSnapshot, Knobs, plan_handles
+from shared.policy import ColumnarSnapshot, Knobs, RequestColumns, plan_handles
 from shared.policy.adaptive import ResidencyController, controlled_knobs
-from shared.protocol import ProtocolError, RotationPlan, StateSnapshot, decode, encode
+from shared.protocol import RotationPlan, StateSnapshot, encode
 from shared.protocol.convert import columns_from_table
 from shared.runtime import (
     collect_due_garbage,
@@ -41,35 +42,19 @@ from shared.runtime import (
 log = structlog.get_logger(__name__)
 
 
-def snapshot_worker_id(data: bytes) -> str | None:
-    """The worker id of an encoded StateSnapshot, read from the first bytes of the envelope
-    (``{"v", "t", "d": [worker_id, ...]}``) without unpacking the rest; None when ``data`` is
-    not a snapshot (it is then counted malformed, as a full decode would have found)."""
-    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(1, len(data)))
-    try:
-        unpacker.feed(data)
-        tag = None
-        for _ in range(unpacker.read_map_header()):
-            key = unpacker.unpack()
-            if key != "d":
-                value = unpacker.unpack()
-                tag = value if key == "t" else tag
-                continue
-            if tag != StateSnapshot.TYPE or unpacker.read_array_header() < 1:  # type: ignore[attr-defined]
-                return None
-            worker_id = unpacker.unpack()
-            return worker_id if isinstance(worker_id, str) else None
-    except Exception:  # msgpack raises several exception types on garbage
-        return None
-    return None
-
-
-def to_policy_snapshot(msg: StateSnapshot, b_xfer_blocks: int) -> ColumnarSnapshot:
-    """The policy's input, straight from the message's packed columns (no per-request
-    object: LVF plans on the columns; the view-walking policies get views made for them)."""
+def to_policy_snapshot(
+    msg: StateSnapshot, b_xfer_blocks: int, columns: RequestColumns | None = None
+) -> ColumnarSnapshot:
+    """The policy's input: ``columns`` (the whole table, rebuilt when ``msg`` is a delta),
+    else straight from the message's packed columns (no per-request object: LVF plans on the
+    columns; the view-walking policies get views made for them)."""
+    if columns is None:
+        if msg.delta is not None:
+            raise ValueError("a delta snapshot needs its rebuilt columns")
+        columns = columns_from_table(msg.requests)
     return ColumnarSnapshot(
         t_now_s=msg.t_now_s,
-        requests=columns_from_table(msg.requests),
+        requests=columns,
         num_free_hbm_blocks=msg.num_free_hbm_blocks,
         num_free_dram_blocks=msg.num_free_dram_blocks,
         block_size=msg.block_size,
@@ -93,11 +78,13 @@ def plan_for(
     knobs: Knobs,
     knobs_version: int,
     residency: ResidencyController | None = None,
+    columns: RequestColumns | None = None,
 ) -> RotationPlan:
-    """The plan for one worker's snapshot; ``residency``: that worker's adaptive-residency
-    controller (LVF with ``adaptive_residency`` plans with its value)."""
+    """The plan for one worker's snapshot (``columns``: its whole table, see
+    :func:`to_policy_snapshot`); ``residency``: that worker's adaptive-residency controller
+    (LVF with ``adaptive_residency`` plans with its value)."""
     b_xfer = resolve_b_xfer(knobs, msg)
-    snapshot = to_policy_snapshot(msg, b_xfer)
+    snapshot = to_policy_snapshot(msg, b_xfer, columns)
     if residency is not None:
         _, knobs = controlled_knobs(snapshot, knobs, residency)
     moves = plan_handles(snapshot, knobs)
@@ -124,16 +111,19 @@ class ControlPlane:
         self.knobs = Knobs()
         self.knobs_version = -1
         self.num_plans = 0
-        self.num_malformed = 0
         self.num_fenced = 0  # plans the fence refused (lease lost, iteration already planned)
-        self._last_id: Any = "$"
         self._knobs_checked_s = 0.0
         self.keeper = ConfigKeeper()
         # Per worker: (its epoch, its adaptive-residency controller); restarted with the knobs.
         self.residency: dict[str, tuple[str, ResidencyController]] = {}
         self.leases = Leases(redis, settings.replica_id, settings.lease_ttl_ms)
-        self.seen: dict[str, float] = {}  # worker id -> when its last snapshot was read
-        self._lease_lock = asyncio.Lock()
+        self.directory = WorkerDirectory(settings.worker_forget_s)
+        self.reader = SnapshotReader(redis, settings.read_block_ms)
+        self._lease_lock = asyncio.Lock()  # rounds run from the renewal loop and on a join
+
+    @property
+    def num_malformed(self) -> int:
+        return self.reader.num_malformed
 
     async def run(self, stop: asyncio.Event) -> None:
         """Plan until ``stop``, renewing the leases beside; a clean stop releases them (a
@@ -157,66 +147,34 @@ class ControlPlane:
         await asyncio.sleep(self.settings.lease_renew_s)
 
     async def _lease_round(self) -> None:
+        """Find the workers, renew and rebalance the leases towards a fair share of them."""
         async with self._lease_lock:
-            forget_before = time.monotonic() - self.settings.worker_forget_s
-            self.seen = {w: t for w, t in self.seen.items() if t >= forget_before}
-            await self.leases.round(set(self.seen))
+            workers = await self.directory.refresh(self.redis)
+            await self.leases.round(workers)
+            self.reader.keep_only(self.leases.owned)
 
     async def _iterate(self) -> None:
         if self.knobs_version < 0:
             await self._reload_knobs(force=True)
-        if self._last_id == "$":  # start after the newest snapshot, never miss a later one
-            last: Any = await self.redis.xrevrange(streams.SNAPSHOTS_STREAM, count=1)
-            self._last_id = last[0][0] if last else "0-0"
         await self._heartbeat_and_knobs()
-        response: Any = await self.redis.xread(
-            {streams.SNAPSHOTS_STREAM: self._last_id}, count=512, block=self.settings.read_block_ms
-        )
-        newest = self._newest_per_worker(response)
-        if not self.seen.keys() >= newest.keys():
-            for worker_id in newest:
-                self.seen[worker_id] = time.monotonic()
-            await self._lease_round()  # a new worker: take it now, plan this snapshot
-        snapshots = [self._decoded(d) for w, d in newest.items() if w in self.leases.owned]
-        plannable = [m for m in snapshots if m is not None]
-        if plannable:
-            await self._publish_plans(plannable)
+        snapshots, joined = await self.reader.read(set(self.leases.owned))
+        if joined:  # a new worker: lease it now, not at the next renewal
+            self.directory.joined(joined)
+            await self._lease_round()
+        if snapshots:
+            await self._publish_plans(snapshots)
         collect_due_garbage()  # the plans are out: off the round trip's critical path
 
-    def _newest_per_worker(self, response: Any) -> dict[str, bytes]:
-        """Each worker's newest encoded snapshot in ``response``, known by its id alone."""
-        newest: dict[str, bytes] = {}
-        now = time.monotonic()
-        for _, entries in response or []:
-            for entry_id, fields in entries:
-                self._last_id = entry_id
-                data = fields.get(b"m", b"")
-                worker_id = snapshot_worker_id(data)
-                if worker_id is None:
-                    self.num_malformed += 1
-                    log.error("malformed_snapshot", entry_id=entry_id)
-                    continue
-                if worker_id in self.seen:
-                    self.seen[worker_id] = now
-                newest[worker_id] = data
-        return newest
-
-    def _decoded(self, data: bytes) -> StateSnapshot | None:
-        try:
-            return decode(data, StateSnapshot)
-        except ProtocolError as exc:
-            self.num_malformed += 1
-            log.error("malformed_snapshot", error=str(exc))
-            return None
-
-    async def _publish_plans(self, snapshots: list[StateSnapshot]) -> None:
+    async def _publish_plans(self, snapshots: list[WorkerSnapshot]) -> None:
         """One plan per snapshot, all published through the fence in one round trip."""
         plans: list[tuple[str, str, int, bytes]] = []
-        for msg in snapshots:
+        for snapshot in snapshots:
+            msg = snapshot.msg
             try:
-                plan = plan_for(msg, self.knobs, self.knobs_version, self._residency_of(msg))
+                residency = self._residency_of(msg)
+                plan = plan_for(msg, self.knobs, self.knobs_version, residency, snapshot.columns)
             except (ValueError, KeyError, ArithmeticError) as exc:  # e.g. a huge count
-                self.num_malformed += 1
+                self.reader.num_malformed += 1
                 log.error("unplannable_snapshot", worker_id=msg.worker_id, error=str(exc))
                 continue
             plans.append((msg.worker_id, msg.epoch, msg.iteration, encode(plan)))

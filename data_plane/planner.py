@@ -56,6 +56,16 @@ class HybridPlanner:
             return True
         return False
 
+    def delta_base(self, iteration: int) -> int | None:
+        """The snapshot iteration a snapshot of ``iteration`` may be sent as a delta against:
+        that of the newest remote plan while it is fresh (its planner holds that table), else
+        None (send the whole table: planning is local, or the plans stopped coming)."""
+        remote = self.remote
+        if remote is None:
+            return None
+        base = remote.snapshot_iteration
+        return base if 0 < iteration - base <= self.max_age_iterations else None
+
     def __call__(self, snapshot: Snapshot | ColumnarSnapshot) -> Plan:
         """The plan for this iteration (the worker's engine hands columns; views work too)."""
         snapshot, knobs = controlled_knobs(snapshot, self._knobs, self.residency)

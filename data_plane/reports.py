@@ -13,7 +13,8 @@ from data_plane.kv.manager import KVCacheManager
 from shared.policy import RequestColumns, columns_from_views
 from shared.policy.columns import WAITING_CODE, pick_ids
 from shared.protocol import StateSnapshot, WorkerStatus
-from shared.protocol.convert import table_from_columns
+from shared.protocol.convert import arrays_from_columns, table_from_arrays
+from shared.protocol.delta import DeltaEncoder, EncodedRequests
 
 
 class WorkerIdentity(NamedTuple):
@@ -28,10 +29,13 @@ def state_snapshot(
     step: StepResult,
     iteration_time_s: float,
     plan_source: str,
+    deltas: DeltaEncoder | None = None,
+    base_iteration: int | None = None,
 ) -> StateSnapshot:
     """The snapshot of ``step`` for the wire: its requests as packed columns (the columns the
     step returned, else built from the views) with each request's DRAM blocks already synced,
-    and the pools' sizes."""
+    and the pools' sizes. With ``deltas``, the rows changed since ``base_iteration`` when
+    that pays (:class:`~shared.protocol.delta.DeltaEncoder`)."""
     snapshot, columns = step.snapshot, step.columns
     if columns is None:
         requests = snapshot.requests
@@ -44,12 +48,18 @@ def state_snapshot(
         for rid in pick_ids(columns.request_ids, holding)
     ]
     dram = getattr(kv, "dram", None)
+    arrays = arrays_from_columns(columns, synced)
+    if deltas is None:
+        encoded = EncodedRequests(table_from_arrays(arrays), None)
+    else:
+        encoded = deltas.encode(snapshot.iteration, arrays, base_iteration)
     return StateSnapshot(
         worker_id=identity.worker_id,
         epoch=identity.epoch,
         iteration=snapshot.iteration,
         t_now_s=snapshot.t_now_s,
-        requests=table_from_columns(columns, synced),
+        requests=encoded.requests,
+        delta=encoded.delta,
         num_free_hbm_blocks=snapshot.num_free_hbm_blocks,
         num_free_dram_blocks=snapshot.num_free_dram_blocks,
         num_hbm_blocks=kv.hbm.num_blocks,

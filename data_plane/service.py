@@ -30,6 +30,7 @@ from data_plane.reports import WorkerIdentity, state_snapshot, worker_status
 from data_plane.settings import WorkerSettings
 from shared import streams
 from shared.b_xfer import resolve_b_xfer_blocks
+from shared.bus import queue_snapshot
 from shared.knobs import read_knobs
 from shared.model_source import model_display_name
 from shared.protocol import (
@@ -44,6 +45,7 @@ from shared.protocol import (
     encode,
 )
 from shared.protocol.convert import stream_messages
+from shared.protocol.delta import DeltaEncoder
 from shared.protocol.limits import MAX_ERROR_CHARS
 from shared.runtime import (
     collect_due_garbage,
@@ -89,6 +91,8 @@ class Worker:
         self.num_iterations = 0
         self.num_malformed = 0
         self._num_failed_steps = 0
+        self.deltas = DeltaEncoder() if settings.snapshot_deltas else None
+        self._announced = False  # a first snapshot published: the control plane knows of us
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("worker_started", worker_id=self.settings.worker_id, epoch=self.epoch)
@@ -108,6 +112,7 @@ class Worker:
             if self.replies.has_pending:  # a last try for what a failed write left
                 await self.replies.send(self.redis, [])
             await self.redis.hdel(streams.WORKERS_KEY, self.settings.worker_id)
+            await self.redis.zrem(streams.SNAPSHOT_WORKERS_KEY, self.settings.worker_id)
         log.info("worker_stopped", worker_id=self.settings.worker_id)
 
     async def _after_redis_error(self, exc: RedisError) -> None:
@@ -314,23 +319,31 @@ class Worker:
         msg_bytes = self._snapshot_bytes(result, iteration_time_s)
         try:
             if msg_bytes is not None:
-                await self._xadd(streams.SNAPSHOTS_STREAM, msg_bytes, streams.MAXLEN_SNAPSHOTS)
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    worker_id, first = self.settings.worker_id, not self._announced
+                    queue_snapshot(pipe, worker_id, msg_bytes, time.time(), first)
+                    await pipe.execute()
+                self._announced = True
         finally:
             await self.replies.send(self.redis, result.outputs)
 
     def _snapshot_bytes(self, result: StepResult, iteration_time_s: float) -> bytes | None:
-        """The step's encoded snapshot, or None (logged) when a value cannot travel (e.g. a
-        client's non-finite arrival time): the worker then plans locally, it does not stop."""
+        """The step's encoded snapshot (a delta against the newest fresh plan's table when
+        that pays), or None (logged) when a value cannot travel (e.g. a client's non-finite
+        arrival time): the worker then plans locally, it does not stop."""
         identity = WorkerIdentity(self.settings.worker_id, self.epoch, self.block_bytes)
+        iteration = result.snapshot.iteration
         try:
             message = state_snapshot(
-                self.engine.kv, identity, result, iteration_time_s, self.planner.source
+                self.engine.kv,
+                identity,
+                result,
+                iteration_time_s,
+                self.planner.source,
+                self.deltas,
+                self.planner.delta_base(iteration),
             )
             return encode(message)
         except ValueError as exc:
-            iteration = result.snapshot.iteration
             log.error("snapshot_not_published", iteration=iteration, error=str(exc))
             return None
-
-    async def _xadd(self, stream: str, data: bytes, maxlen: int) -> Any:
-        return await self.redis.xadd(stream, {"m": data}, maxlen=maxlen, approximate=True)

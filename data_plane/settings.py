@@ -38,6 +38,9 @@ class WorkerSettings(BaseSettings):
     policy: str = "vllm"  # used for local planning until the control plane's knobs arrive
     b_xfer: int = 2400
     plan_max_age_iterations: int = 4  # older remote plans are ignored; the worker plans locally
+    # Snapshots as deltas against the table of the newest fresh plan (the rows changed since:
+    # shared/protocol/delta.py); off: every snapshot carries its whole table.
+    snapshot_deltas: bool = True
     read_batch: int = 256  # requests taken from the stream per iteration
     idle_block_ms: int = 50
     heartbeat_interval_s: float = 0.5  # status for gateways (routing, readiness, metrics)

@@ -23,9 +23,11 @@ import numpy as np
 from redis.asyncio import Redis
 
 from shared import streams
+from shared.bus import queue_snapshot
 from shared.policy.columns import ROTARY_CODE, RUNNING_CODE, WAITING_CODE, RequestColumns
 from shared.protocol import ProtocolError, RotationPlan, StateSnapshot, decode, encode
-from shared.protocol.convert import table_from_columns
+from shared.protocol.convert import arrays_from_columns, table_from_arrays
+from shared.protocol.delta import DeltaEncoder, EncodedRequests
 
 BLOCK_SIZE = 16
 HBM_FRACTION = 0.6  # of the population's KV that HBM holds: LVF has rotations to plan
@@ -35,8 +37,11 @@ class Population:
     """Requests as policy columns (running, waiting, rotary), advanced one token per
     iteration; a finished request is replaced by a new arrival (new handle)."""
 
-    def __init__(self, columns: RequestColumns, rng: np.random.Generator) -> None:
+    def __init__(
+        self, columns: RequestColumns, rng: np.random.Generator, max_num_seqs: int | None = None
+    ) -> None:
         self.rng = rng
+        self.max_num_seqs = len(columns) if max_num_seqs is None else max_num_seqs
         self.c = {name: np.array(getattr(columns, name)) for name in _COLUMNS}
         self.ids = [str(i) for i in range(len(columns))]  # ids never travel
         self.next_seq = int(self.c["arrival_seq"].max(initial=-1)) + 1
@@ -46,12 +51,18 @@ class Population:
         self.num_dram_blocks = int(blocks.sum() * 2)
 
     @classmethod
-    def synthetic(cls, num: int, seed: int) -> Population:
-        """Half running, a quarter waiting, a quarter rotary, as plan_latency's bench."""
+    def synthetic(cls, num: int, seed: int, max_num_seqs: int | None = None) -> Population:
+        """Half running, a quarter waiting, a quarter rotary, as plan_latency's bench; with
+        ``max_num_seqs`` (an engine's batch cap) that many run and the rest wait or are
+        rotary, half each (an overloaded engine: most rows stay unchanged between
+        iterations)."""
         rng = np.random.default_rng(seed)
         now = time.time()
         kind = np.arange(num) % 4
         codes = np.where(kind < 2, RUNNING_CODE, np.where(kind == 2, WAITING_CODE, ROTARY_CODE))
+        if max_num_seqs is not None:
+            codes = np.where(np.arange(num) % 2, ROTARY_CODE, WAITING_CODE)
+            codes[: min(num, max_num_seqs)] = RUNNING_CODE
         running, rotary = codes == RUNNING_CODE, codes == ROTARY_CODE
         computed = np.where(codes != WAITING_CODE, rng.integers(16, 2001, num), 0)
         blocks = -(-computed // BLOCK_SIZE)
@@ -71,7 +82,7 @@ class Population:
             arrival_seq=np.arange(num, dtype=np.int64),
             resident=np.ones(num, np.bool_),
         )
-        return cls(columns, rng)
+        return cls(columns, rng, max_num_seqs)
 
     def apply(self, plan: RotationPlan, now: float) -> None:
         """The plan's transitions, by handle (handles no longer here are skipped)."""
@@ -133,13 +144,22 @@ class StandInStats:
     plans: int = 0  # plans of its epoch received
     duplicates: int = 0  # a second plan for a snapshot iteration already planned
     ages: list[int] = field(default_factory=list)  # newest plan's age at each iteration
+    snapshot_bytes: int = 0  # encoded snapshots, summed
+    deltas: int = 0  # snapshots sent as a delta
 
 
 class StandIn:
     """One stand-in worker: its population, its epoch, its plan stream's read position."""
 
-    def __init__(self, worker_id: str, population: Population, max_age_iterations: int = 4) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        population: Population,
+        max_age_iterations: int = 4,
+        deltas: bool = True,
+    ) -> None:
         self.worker_id = worker_id
+        self.deltas = DeltaEncoder() if deltas else None
         self.population = population
         self.max_age_iterations = max_age_iterations
         self.epoch = uuid.uuid4().hex[:12]
@@ -187,19 +207,33 @@ class StandIn:
         self.population.advance(now)
         self.iteration += 1
         self._planned.discard(n - 4 * self.max_age_iterations - 64)  # bounded memory
-        return encode(self.snapshot(n, now, iteration_time_s))
+        base = plan.snapshot_iteration if fresh and plan is not None and age else None
+        msg = self.snapshot(n, now, iteration_time_s, base)
+        data = encode(msg)
+        stats.snapshot_bytes += len(data)
+        stats.deltas += msg.delta is not None
+        return data
 
-    def snapshot(self, iteration: int, now: float, iteration_time_s: float) -> StateSnapshot:
+    def snapshot(
+        self, iteration: int, now: float, iteration_time_s: float, base: int | None = None
+    ) -> StateSnapshot:
+        """The population as iteration ``iteration``'s snapshot (a delta against ``base``
+        when this stand-in sends deltas and that pays)."""
         pop = self.population
         c = pop.c
         used_hbm = int(c["num_blocks_hbm"].sum())
         used_dram = int(c["num_blocks_dram"].sum())
+        arrays = arrays_from_columns(pop.columns())
+        if self.deltas is None:
+            encoded = EncodedRequests(table_from_arrays(arrays), None)
+        else:
+            encoded = self.deltas.encode(iteration, arrays, base)
         return StateSnapshot(
             self.worker_id,
             self.epoch,
             iteration,
             now,
-            table_from_columns(pop.columns()),
+            encoded.requests,
             num_free_hbm_blocks=max(0, pop.num_hbm_blocks - used_hbm),
             num_free_dram_blocks=max(0, pop.num_dram_blocks - used_dram),
             num_hbm_blocks=pop.num_hbm_blocks,
@@ -207,11 +241,12 @@ class StandIn:
             block_size=BLOCK_SIZE,
             block_bytes=2 << 20,
             max_num_batched_tokens=8192,
-            max_num_seqs=len(c["states"]),
+            max_num_seqs=pop.max_num_seqs,
             b_xfer_blocks=256,
             iteration_time_s=iteration_time_s,
             link_bytes_per_s=5e10,
             plan_source=self.source,
+            delta=encoded.delta,
         )
 
     def reset_stats(self) -> None:
@@ -254,13 +289,8 @@ class Fleet:
         now = time.time()
         async with self.redis.pipeline(transaction=False) as pipe:
             for standin in group:
-                data = standin.step(now, self.period_s)
-                pipe.xadd(
-                    streams.SNAPSHOTS_STREAM,
-                    {"m": data},
-                    maxlen=streams.MAXLEN_SNAPSHOTS,
-                    approximate=True,
-                )
+                data, first = standin.step(now, self.period_s), standin.iteration == 1
+                queue_snapshot(pipe, standin.worker_id, data, now, first)
             await pipe.execute()
 
     def reset_stats(self) -> None:
@@ -277,14 +307,22 @@ class Fleet:
             total.plans += s.plans
             total.duplicates += s.duplicates
             total.ages.extend(s.ages)
+            total.snapshot_bytes += s.snapshot_bytes
+            total.deltas += s.deltas
         return total
 
 
 def make_fleet(
-    redis: Redis, num_workers: int, num_requests: int, rate: float, prefix: str = "standin"
+    redis: Redis,
+    num_workers: int,
+    num_requests: int,
+    rate: float,
+    prefix: str = "standin",
+    deltas: bool = True,
+    max_num_seqs: int | None = None,
 ) -> Fleet:
     standins = [
-        StandIn(f"{prefix}-{i}", Population.synthetic(num_requests, seed=i))
+        StandIn(f"{prefix}-{i}", Population.synthetic(num_requests, i, max_num_seqs), deltas=deltas)
         for i in range(num_workers)
     ]
     return Fleet(redis, standins, rate)

@@ -6,8 +6,13 @@ PREFIX = "superinfer"
 
 # Redis hash holding the SLO knobs and their version (written validated by the admin path).
 KNOBS_KEY = f"{PREFIX}:knobs"
-# Stream of every worker's per-iteration state snapshots, read by the control plane.
-SNAPSHOTS_STREAM = f"{PREFIX}:snapshots"
+# Sorted set worker id -> unix seconds of its newest snapshot, written with every snapshot:
+# control-plane replicas find the workers to plan here (one whose score stops changing is gone).
+SNAPSHOT_WORKERS_KEY = f"{PREFIX}:snapshot-workers"
+# Stream of {"w": worker id}, one entry at each worker incarnation's first snapshot: replicas
+# block on it beside their workers' streams, so a new worker is leased at once.
+WORKERS_JOINED_STREAM = f"{PREFIX}:snapshot-workers:joined"
+MAXLEN_WORKERS_JOINED = 1_000
 # Hash worker id -> last heartbeat (unix seconds), for readiness and routing.
 WORKERS_KEY = f"{PREFIX}:workers"
 # Hash gateway id -> last heartbeat (unix seconds), written by each gateway's refresh loop. A
@@ -26,6 +31,20 @@ WORKER_GROUP = "worker"
 def worker_requests_stream(worker_id: str) -> str:
     """Requests and aborts for one worker (read through the consumer group)."""
     return f"{PREFIX}:worker:{worker_id}:requests"
+
+
+def worker_snapshots_stream(worker_id: str) -> str:
+    """One worker's per-iteration state snapshots, read only by the control-plane replica
+    holding its lease (so Redis ships each snapshot once, whatever the number of replicas)."""
+    return f"{PREFIX}:worker:{worker_id}:snapshots"
+
+
+def worker_of_snapshots_stream(stream: str) -> str | None:
+    """The worker whose snapshot stream ``stream`` is (None: not one of ours)."""
+    head, tail = f"{PREFIX}:worker:", ":snapshots"
+    if stream.startswith(head) and stream.endswith(tail) and len(stream) > len(head + tail):
+        return stream[len(head) : -len(tail)]
+    return None
 
 
 def worker_plans_stream(worker_id: str) -> str:
@@ -64,7 +83,9 @@ def gateway_of_outputs_stream(stream: str) -> str | None:
 # admission (per-worker queue bounds) keeps from being reached.
 MAXLEN_REQUESTS = 100_000
 MAXLEN_PLANS = 1_000
-MAXLEN_SNAPSHOTS = 64  # only the newest per worker matters; a 4,096-request one is ~135 KB
+# Exact: only a worker's newest snapshot matters (a whole 4,096-request table is ~135 KB).
+MAXLEN_WORKER_SNAPSHOTS = 4
+WORKER_SNAPSHOTS_TTL_MS = 60_000  # a worker's snapshot stream outlives its newest entry so long
 # An output entry is one worker iteration's TokenOutputs batch for that gateway (up to one
 # output per running request, ~67 bytes each): 4,096 entries are ~200 s of one worker at 20
 # iterations/s, ~25 s of eight, and at most 4,096 x the batch size in bytes.

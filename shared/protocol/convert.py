@@ -5,7 +5,7 @@ every service shares."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -33,19 +33,21 @@ def table_from_columns(
     """Pack ``columns`` (plus each request's DRAM blocks already synced, 0 when not given)
     for the wire, each column as compact as ``TABLE_COLUMNS`` allows. The request ids stay
     here: the table names requests by ``arrival_seq``."""
+    return table_from_arrays(arrays_from_columns(columns, num_blocks_synced))
+
+
+def arrays_from_columns(
+    columns: RequestColumns, num_blocks_synced: npt.ArrayLike | None = None
+) -> dict[str, np.ndarray]:
+    """The table's columns, unpacked (no copy): ``columns`` and the synced blocks."""
     num = len(columns)
     synced = np.zeros(num, np.int64) if num_blocks_synced is None else num_blocks_synced
-    packed = {
-        name: _pack(name, kind, getattr(columns, name, None))
-        for name, kind in TABLE_COLUMNS.items()
-    }
-    packed["num_blocks_synced"] = _pack_ints(np.asarray(synced, np.int64))
-    return RequestTable(**packed)
+    arrays = {name: getattr(columns, name) for name in TABLE_COLUMNS if name != "num_blocks_synced"}
+    arrays["num_blocks_synced"] = np.asarray(synced, np.int64)
+    return arrays
 
 
-def _pack(name: str, kind: str, values: np.ndarray | None) -> bytes:
-    if values is None:
-        return b""  # filled in by the caller
+def _pack(name: str, kind: str, values: np.ndarray) -> bytes:
     if kind == "int":
         return _pack_ints(values)
     if kind == "flag":
@@ -75,8 +77,26 @@ def _pack_ints(values: np.ndarray) -> bytes:
 def columns_from_table(table: RequestTable) -> RequestColumns:
     """The policy's columns, straight from the packed arrays (validated on decode): no
     per-request Python object. Each request's id is its handle (:class:`HandleIds`)."""
-    fields = {name: table.column(name) for name in TABLE_COLUMNS if name != "num_blocks_synced"}
+    return columns_from_arrays(arrays_from_table(table))
+
+
+def columns_from_arrays(arrays: Mapping[str, np.ndarray]) -> RequestColumns:
+    """The policy's columns from a table's unpacked arrays (:func:`arrays_from_table`)."""
+    fields = {name: arrays[name] for name in TABLE_COLUMNS if name != "num_blocks_synced"}
     return RequestColumns(request_ids=HandleIds(fields["arrival_seq"]), **fields)
+
+
+def arrays_from_table(table: RequestTable) -> dict[str, np.ndarray]:
+    """Every column of ``table`` unpacked (:meth:`RequestTable.column`), by name."""
+    return {name: table.column(name) for name in TABLE_COLUMNS}
+
+
+def table_from_arrays(arrays: Mapping[str, np.ndarray]) -> RequestTable:
+    """Unpacked columns (every ``TABLE_COLUMNS`` name) packed as compactly as the full table
+    would be: :func:`arrays_from_table`'s inverse."""
+    return RequestTable(
+        **{name: _pack(name, kind, arrays[name]) for name, kind in TABLE_COLUMNS.items()}
+    )
 
 
 def table_from_rows(rows: Sequence[RequestRow]) -> RequestTable:

@@ -64,7 +64,7 @@ class RotationPlan:
     b_xfer_blocks: int  # transfer budget for the worker (B_xfer, resolved if "auto")
 
 
-# ---- to the control plane (the snapshots stream) ------------------------------------------
+# ---- to the control plane (each worker's snapshot stream) --------------------------------
 
 # RequestTable's packed columns, in field order, and how each is packed (little-endian):
 #   code: uint8 per request (states: 0 waiting, 1 running, 2 rotary)
@@ -186,6 +186,37 @@ class RequestRow:
     arrival_seq: int
 
 
+@dataclass(frozen=True, slots=True)
+class TableDelta:
+    """A snapshot's requests as changes to an earlier snapshot of the same worker epoch, its
+    *base* (one the control plane planned, so it holds that table). ``base_rows`` has one
+    packed signed little-endian int per request, in this snapshot's order (width
+    ``len(base_rows) // num_requests``): the base row this request's row repeats unchanged,
+    or -1 for the next of the snapshot's ``requests``, which hold only the new and changed rows
+    (``shared.protocol.delta``)."""
+
+    base_iteration: int
+    num_requests: int
+    base_rows: bytes
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.base_iteration <= _MAX_COUNT:
+            raise ValueError(f"base_iteration must be in 0..{_MAX_COUNT}")
+        num, size = self.num_requests, len(self.base_rows)
+        width, extra = divmod(size, num) if num > 0 else (0, size)
+        if num < 0 or extra or (num and width not in _INT_DTYPES):
+            raise ValueError(f"base_rows has {size} bytes for {num} requests")
+        if num and self.rows().min() < -1:
+            raise ValueError("base_rows must be >= -1")
+
+    def rows(self) -> np.ndarray:
+        """Each request's base row (-1: a changed row), as int64."""
+        if not self.num_requests:
+            return np.zeros(0, np.int64)
+        width = len(self.base_rows) // self.num_requests
+        return np.frombuffer(self.base_rows, _INT_DTYPES[width]).astype(np.int64)
+
+
 _SNAPSHOT_COUNTS = (
     "iteration",
     "num_free_hbm_blocks",
@@ -221,8 +252,16 @@ class StateSnapshot:
     iteration_time_s: float
     link_bytes_per_s: float  # measured rotation bandwidth (0 when unknown)
     plan_source: str  # remote | local
+    # None: ``requests`` is the whole table; else it holds the rows changed since the delta's
+    # base (an earlier iteration of this epoch) and the delta names every request in order.
+    delta: TableDelta | None = None
 
     def __post_init__(self) -> None:
+        if self.delta is not None:
+            if self.delta.base_iteration >= self.iteration:
+                raise ValueError("a delta's base must be an earlier iteration")
+            if self.requests.num_requests > self.delta.num_requests:
+                raise ValueError("a delta changes more rows than the snapshot has requests")
         for name in _SNAPSHOT_COUNTS:
             value = getattr(self, name)
             if not 0 <= value <= _MAX_COUNT:

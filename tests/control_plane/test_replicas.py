@@ -18,12 +18,12 @@ from control_plane.lease import (
     fair_share,
     rebalance,
 )
-from control_plane.service import ControlPlane, snapshot_worker_id
+from control_plane.service import ControlPlane
 from control_plane.settings import ControlPlaneSettings
-from lab.standin import Fleet, Population, StandIn, make_fleet
+from control_plane.snapshots import WorkerDirectory
+from lab.standin import Fleet, make_fleet
 from shared import streams
 from shared.knobs import write_knobs
-from shared.protocol import encode
 from tests.redis_support import redis_url
 
 
@@ -40,19 +40,27 @@ def test_rebalance_takes_up_to_the_share_and_gives_back_surplus_and_gone_workers
     assert rebalance({"a", "gone"}, known, ["b"], 2) == (["b"], ["gone"])
 
 
-def test_snapshot_worker_id_is_read_without_decoding_and_only_from_snapshots() -> None:
-    standin = StandIn("w7", Population.synthetic(32, seed=0))
-    data = standin.step(time.time(), 0.05)
-    assert snapshot_worker_id(data) == "w7"
-    assert snapshot_worker_id(encode(standin.newest or _plan())) is None  # not a snapshot
-    for garbage in (b"", b"\xc1", b"not msgpack", data[:5]):
-        assert snapshot_worker_id(garbage) is None
-
-
 def _plan():
     from shared.protocol import RotationPlan
 
     return RotationPlan("w7", "e", 0, 1, "lvf", [], [], [], [], False, 0.0, 1)
+
+
+async def test_workers_are_found_by_their_snapshots_and_forgotten_when_they_stop(
+    redis_client,
+) -> None:
+    directory = WorkerDirectory(forget_s=0.3)
+    key = streams.SNAPSHOT_WORKERS_KEY
+    await redis_client.zadd(key, {"dead": 5.0, "live": 5.0})
+    assert await directory.refresh(redis_client) == set()  # first sight: a score proves nothing
+    await redis_client.zadd(key, {"live": 6.0, "new": 6.0})
+    directory.joined(["new"])  # announced itself: alive at once
+    assert directory.workers == {"new"}
+    assert await directory.refresh(redis_client) == {"live", "new"}  # live's score moved
+    await asyncio.sleep(0.35)
+    await redis_client.zadd(key, {"new": 7.0})
+    assert await directory.refresh(redis_client) == {"new"}  # live stopped publishing
+    await redis_client.delete(key)
 
 
 async def test_a_lease_is_held_renewed_and_released_only_by_its_holder(redis_client) -> None:
@@ -127,7 +135,7 @@ class Replica:
 async def fleet(redis_client) -> AsyncIterator[Fleet]:
     await write_knobs(redis_client, {"policy": "lvf"})
     redis = Redis.from_url(redis_url())
-    fleet = make_fleet(redis, 6, 64, rate=20.0)
+    fleet = make_fleet(redis, 6, 64, rate=20.0, max_num_seqs=8)  # most rows still: deltas
     stop = asyncio.Event()
     task = asyncio.create_task(fleet.run(stop))
     yield fleet
@@ -182,7 +190,11 @@ async def test_a_killed_replicas_workers_are_taken_over_within_5_s(redis_client,
     await b.close()
     assert await _owners(redis_client, fleet) == [None] * 6  # a clean stop releases
     assert fleet.totals().duplicates == 0
-    print(f"taken over in {took_s:.2f} s")
+    assert fleet.totals().deltas > 0 and b.cp.reader.num_deltas > 0  # planned from deltas
+    print(
+        f"taken over in {took_s:.2f} s; b rebuilt {b.cp.reader.num_deltas} deltas, "
+        f"{b.cp.reader.num_missing_base} against a's tables (skipped)"
+    )
 
 
 async def test_a_paused_replica_never_sends_a_second_plan_for_an_iteration(

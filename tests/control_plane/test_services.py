@@ -90,15 +90,6 @@ class Services:
         self.cp_stop = asyncio.Event()
         self.cp_task = asyncio.create_task(self.cp.run(self.cp_stop))
 
-    async def control_plane_reading(self, timeout_s: float = 20.0) -> None:
-        """Until the control plane has placed its read position (it reads the snapshots
-        written after that; a fixed sleep was too short on a loaded machine)."""
-        assert self.cp is not None
-        deadline = time.monotonic() + timeout_s
-        while self.cp._last_id == "$":
-            assert time.monotonic() < deadline, "the control plane never started reading"
-            await asyncio.sleep(0.01)
-
     async def kill_control_plane(self) -> None:
         """Like kill -9: the task dies mid-command and closes nothing."""
         assert self.cp_task is not None
@@ -168,7 +159,7 @@ async def test_token_streams_equal_offline_with_lvf_rotation(
     assert [tokens[f"req-{i}"] for i in range(len(prompts))] == offline
     snapshots = [
         decode(fields[b"m"], StateSnapshot)
-        for _, fields in await redis_client.xrange(streams.SNAPSHOTS_STREAM)
+        for _, fields in await redis_client.xrange(streams.worker_snapshots_stream("w0"))
     ]
     assert max(m.link_bytes_per_s for m in snapshots) > 0  # the copies' measured bandwidth
     engine = services.worker.engine
@@ -182,6 +173,29 @@ async def test_token_streams_equal_offline_with_lvf_rotation(
         f"remote plans {services.worker.planner.num_remote}, local "
         f"{services.worker.planner.num_local}, rotations {engine.stats.num_rotations_out}, "
         f"preemptions {engine.stats.num_preemptions}"
+    )
+
+
+async def test_deltas_from_a_worker_with_a_queue_are_planned_and_streams_equal_offline(
+    redis_client, stories_setup, stories_path
+) -> None:
+    """One request runs at a time, the rest wait unchanged: the worker sends deltas against
+    the tables of its plans, the control plane rebuilds and plans them, tokens are exact."""
+    prompts, offline = stories_setup
+    await write_knobs(redis_client, {"policy": "lvf", "slo_ttft_s": 0.05, "slo_tbt_s": 0.01})
+    services = Services(redis_client, _worker_settings(stories_path, max_num_seqs=1))
+    services.start_control_plane()
+    await _push(redis_client, [_submit(i, p) for i, p in enumerate(prompts)])
+    tokens = await _collect(redis_client, {f"req-{i}" for i in range(len(prompts))})
+    await services.stop()
+    assert [tokens[f"req-{i}"] for i in range(len(prompts))] == offline
+    assert services.cp is not None and services.worker.deltas is not None
+    assert services.worker.deltas.num_deltas > 0 and services.cp.reader.num_deltas > 0
+    assert services.worker.planner.num_remote > 0 and services.cp.num_malformed == 0
+    print(
+        f"deltas sent {services.worker.deltas.num_deltas} (whole "
+        f"{services.worker.deltas.num_full}), rebuilt {services.cp.reader.num_deltas}, "
+        f"base missing {services.cp.reader.num_missing_base}"
     )
 
 
@@ -236,20 +250,41 @@ async def test_malformed_messages_are_skipped(redis_client, stories_setup, stori
     prompts, offline = stories_setup
     services = Services(redis_client, _worker_settings(stories_path, policy="vllm"))
     services.start_control_plane()
-    await services.control_plane_reading()  # it reads snapshots written after that
+    assert services.cp is not None
+    deadline = time.monotonic() + 20
+    while "w0" not in services.cp.leases.owned:  # w0 announced as a worker's start does
+        assert time.monotonic() < deadline, "the control plane never took w0"
+        await redis_client.zadd(streams.SNAPSHOT_WORKERS_KEY, {"w0": time.time()})
+        await redis_client.xadd(streams.WORKERS_JOINED_STREAM, {"w": "w0"})
+        await asyncio.sleep(0.05)
     garbage = [b"", b"\xc1", b"not msgpack at all", encode(_submit(0, [1]))[:-3]]
     for blob in garbage:
         await redis_client.xadd(streams.worker_requests_stream("w0"), {"m": blob})
         await redis_client.xadd(streams.worker_plans_stream("w0"), {"m": blob})
-        await redis_client.xadd(streams.SNAPSHOTS_STREAM, {"m": blob})
+    for count, blob in enumerate([*garbage, await _foreign_snapshot()], start=1):
+        await redis_client.xadd(streams.worker_snapshots_stream("w0"), {"m": blob})
+        await _until(lambda n=count: services.cp.num_malformed >= n)  # each one the newest
     await redis_client.xadd(streams.worker_requests_stream("w0"), {"wrong-field": b"x"})
     await _push(redis_client, [_submit(1, prompts[1])])
     tokens = await _collect(redis_client, {"req-1"})
     assert tokens["req-1"] == offline[1]
-    assert services.cp is not None and services.cp.num_malformed >= len(garbage)
     assert services.worker.num_malformed >= 2 * len(garbage) + 1
     assert not services.worker_task.done() and not services.cp_task.done()  # type: ignore
     await services.stop()
+
+
+async def _foreign_snapshot() -> bytes:
+    """A valid snapshot of another worker, on w0's stream: refused (the stream names whose)."""
+    from lab.standin import Population, StandIn
+
+    return StandIn("w9", Population.synthetic(8, seed=0)).step(time.time(), 0.05)
+
+
+async def _until(check, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
 
 
 async def test_knob_change_reaches_the_next_plans(redis_client, stories_path) -> None:
@@ -313,7 +348,7 @@ async def test_measured_link_reaches_snapshots_and_auto_plans(
     await services.stop()
     assert [tokens[f"req-{i}"] for i in range(3)] == offline[:3]
     snapshots = {}
-    for _, fields in await redis_client.xrange(streams.SNAPSHOTS_STREAM):
+    for _, fields in await redis_client.xrange(streams.worker_snapshots_stream("w0")):
         msg = decode(fields[b"m"], StateSnapshot)
         snapshots[msg.iteration] = msg
     assert snapshots and max(m.link_bytes_per_s for m in snapshots.values()) > 0

@@ -75,23 +75,46 @@ async def test_one_stream_entry_per_gateway_and_the_lifecycle(redis_client: Redi
 
 
 class SnapshotWritesFail:
-    """The real Redis, except that writing a snapshot fails (a blip between two calls)."""
+    """The real Redis, except that a pipeline writing a snapshot fails (a blip between two
+    calls)."""
 
     def __init__(self, real: Redis) -> None:
         self.real = real
 
-    async def xadd(self, stream: str, *args: object, **kwargs: object) -> bytes:
-        if stream == streams.SNAPSHOTS_STREAM:
-            raise ConnectionError("Redis went away")
-        return await self.real.xadd(stream, *args, **kwargs)  # type: ignore[arg-type]
-
     def pipeline(self, **kwargs: object) -> object:
-        return self.real.pipeline(**kwargs)  # type: ignore[arg-type]
+        return _FailingSnapshots(self.real.pipeline(**kwargs))  # type: ignore[arg-type]
+
+
+class _FailingSnapshots:
+    def __init__(self, pipe: Any) -> None:
+        self.pipe = pipe
+        self.snapshot = False
+
+    async def __aenter__(self) -> _FailingSnapshots:
+        await self.pipe.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.pipe.__aexit__(*exc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pipe, name)
+
+    def xadd(self, stream: str, *args: object, **kwargs: object) -> Any:
+        self.snapshot |= streams.worker_of_snapshots_stream(stream) is not None
+        return self.pipe.xadd(stream, *args, **kwargs)
+
+    async def execute(self, **kwargs: Any) -> Any:
+        if self.snapshot:
+            raise ConnectionError("Redis went away")
+        return await self.pipe.execute(**kwargs)
 
 
 async def test_a_failed_snapshot_write_still_sends_the_tokens(redis_client: Redis) -> None:
     worker = Worker.__new__(Worker)  # only what _publish touches
     worker.redis = SnapshotWritesFail(redis_client)  # type: ignore[assignment]
+    worker.settings = cast(Any, SimpleNamespace(worker_id="w0"))
+    worker._announced = True
     worker.replies = Replies()
     worker.replies.admit("r1", GW_A, {"worker_id": "w0"})
     worker._snapshot_bytes = lambda result, iteration_time_s: b"snapshot"  # type: ignore[method-assign]

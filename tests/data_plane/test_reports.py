@@ -21,7 +21,8 @@ def test_a_snapshot_that_cannot_travel_is_skipped_not_fatal() -> None:
         settings=SimpleNamespace(worker_id="w0"),
         epoch="e1",
         block_bytes=64,
-        planner=SimpleNamespace(source="local"),
+        planner=SimpleNamespace(source="local", delta_base=lambda iteration: None),
+        deltas=None,
     )
     view = RequestView("r", RequestState.WAITING, t_arr_s=float("nan"), num_tokens=3)
     bad = Snapshot(1.0, (view,), 4, 0, 4, 64, 8, iteration=3)

@@ -182,6 +182,7 @@ async def test_control_plane_probes_and_config_seeding(redis_client: Redis) -> N
             assert "superinfer_control_plane_knobs_version" in metrics
             assert "superinfer_control_plane_plans_fenced_total 0.0" in metrics
             assert "superinfer_control_plane_live_replicas" in metrics
+            assert "superinfer_control_plane_snapshot_base_missing_total 0.0" in metrics
         stop.set()
         await asyncio.wait_for(task, 10)
 
