@@ -215,8 +215,11 @@ def result_line(rows: list[Row], rate: float) -> str:
     at_top = [r for r in delta_rows if r.workers == top]
     per_replica = max((r.plans_per_s for r in one), default=0.0)
     cpu_per_plan = min((r.cpu_ms_per_plan for r in one if r.workers > 1), default=0.0)
-    ratios = [
-        (d.snapshot_kb / w.snapshot_kb, d.net_out_mb_s / max(1e-9, w.net_out_mb_s))
+    ratios = [  # per snapshot, and Redis egress per iteration (the rates may differ)
+        (
+            d.snapshot_kb / w.snapshot_kb,
+            (d.net_out_mb_s / d.iterations_per_s) / max(1e-9, w.net_out_mb_s / w.iterations_per_s),
+        )
         for d in at_top
         for w in rows
         if not w.deltas and w.workers == top and w.replicas == d.replicas

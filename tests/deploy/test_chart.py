@@ -597,6 +597,7 @@ def test_containers_run_superinfer_commands_with_valid_settings(
     elif component == "data-plane":
         assert settings.health_port == 9090 and settings.device == "cuda"
         assert settings.worker_id == "demo-superinfer-pod-0"
+        assert settings.snapshot_deltas is True
     else:
         assert settings.host == "0.0.0.0" and settings.port == 8000
         assert settings.admin_token == SECRET_STAND_IN
