@@ -40,6 +40,9 @@ from shared.runtime import (
 )
 
 log = structlog.get_logger(__name__)
+# Announcements trigger a lease round at most this often (many stalled workers announcing
+# must not turn every read into a round; the renewal loop's rounds come on top).
+JOIN_ROUND_MIN_S = 0.1
 
 
 def to_policy_snapshot(
@@ -120,6 +123,8 @@ class ControlPlane:
         self.directory = WorkerDirectory(settings.worker_forget_s)
         self.reader = SnapshotReader(redis, settings.read_block_ms)
         self._lease_lock = asyncio.Lock()  # rounds run from the renewal loop and on a join
+        self._join_round_s = -JOIN_ROUND_MIN_S
+        self._join_round_wanted = False
 
     @property
     def num_malformed(self) -> int:
@@ -158,8 +163,12 @@ class ControlPlane:
             await self._reload_knobs(force=True)
         await self._heartbeat_and_knobs()
         snapshots, joined = await self.reader.read(set(self.leases.owned))
-        if joined:  # a new worker: lease it now, not at the next renewal
+        if joined:  # a new or unplanned worker: lease it now, not at the next renewal
             self.directory.joined(joined)
+            self._join_round_wanted = True
+        if self._join_round_wanted and time.monotonic() - self._join_round_s >= JOIN_ROUND_MIN_S:
+            self._join_round_wanted = False
+            self._join_round_s = time.monotonic()
             await self._lease_round()
         if snapshots:
             await self._publish_plans(snapshots)

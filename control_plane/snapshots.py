@@ -26,6 +26,9 @@ from shared.protocol.delta import DeltaDecoder, MissingBase
 
 log = structlog.get_logger(__name__)
 REGISTRY_KEEP_S = 3600.0  # registry entries older than this (worker's clock) are deleted
+# A replica starting reads the announcements of the last 2 s (a worker unplanned for longer
+# announces again every shared.bus.ANNOUNCE_INTERVAL_S).
+JOINED_LOOKBACK_MS = 2000
 
 
 class WorkerDirectory:
@@ -87,7 +90,7 @@ class SnapshotReader:
         self.redis = redis
         self.read_block_ms = read_block_ms
         self._last_ids: dict[str, Any] = {}
-        self._last_joined_id: Any = None  # set at the first read: announcements from then on
+        self._last_joined_id: Any = None  # set at the first read (JOINED_LOOKBACK_MS back)
         self._decoders: dict[str, DeltaDecoder] = {}
         self.num_malformed = 0
         self.num_missing_base = 0  # deltas against a table this replica does not hold
@@ -108,9 +111,10 @@ class SnapshotReader:
         cursors: dict[Any, Any] = {
             streams.worker_snapshots_stream(w): self._last_ids.get(w, "0-0") for w in sorted(owned)
         }
-        if self._last_joined_id is None:
-            newest: Any = await self.redis.xrevrange(streams.WORKERS_JOINED_STREAM, count=1)
-            self._last_joined_id = newest[0][0] if newest else "0-0"
+        if self._last_joined_id is None:  # stream ids are Redis's clock in ms
+            seconds, micros = await self.redis.time()
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+            self._last_joined_id = f"{max(0, now_ms - JOINED_LOOKBACK_MS)}-0"
         cursors[streams.WORKERS_JOINED_STREAM] = self._last_joined_id
         response: Any = await self.redis.xread(
             cursors, count=streams.MAXLEN_WORKER_SNAPSHOTS, block=self.read_block_ms

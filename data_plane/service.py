@@ -30,7 +30,7 @@ from data_plane.reports import WorkerIdentity, state_snapshot, worker_status
 from data_plane.settings import WorkerSettings
 from shared import streams
 from shared.b_xfer import resolve_b_xfer_blocks
-from shared.bus import queue_snapshot
+from shared.bus import queue_snapshot, should_announce
 from shared.knobs import read_knobs
 from shared.model_source import model_display_name
 from shared.protocol import (
@@ -92,7 +92,7 @@ class Worker:
         self.num_malformed = 0
         self._num_failed_steps = 0
         self.deltas = DeltaEncoder() if settings.snapshot_deltas else None
-        self._announced = False  # a first snapshot published: the control plane knows of us
+        self._announced_s: float | None = None  # when a snapshot last announced this worker
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("worker_started", worker_id=self.settings.worker_id, epoch=self.epoch)
@@ -284,6 +284,8 @@ class Worker:
         status = replace(self._status_cache, t_heartbeat_s=time.time(), accepting=not self.draining)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(streams.WORKERS_KEY, self.settings.worker_id, encode(status))
+            # Alive for the control plane while idle too: it keeps this worker's lease.
+            pipe.zadd(streams.SNAPSHOT_WORKERS_KEY, {self.settings.worker_id: status.t_heartbeat_s})
             self.replies.queue_lifecycle(pipe)
             await pipe.execute()
         await self.gateways.poll(self.redis)
@@ -319,11 +321,13 @@ class Worker:
         msg_bytes = self._snapshot_bytes(result, iteration_time_s)
         try:
             if msg_bytes is not None:
+                now = time.time()
+                local = self.planner.source == "local"
+                announce = should_announce(self._announced_s, local, now)
                 async with self.redis.pipeline(transaction=False) as pipe:
-                    worker_id, first = self.settings.worker_id, not self._announced
-                    queue_snapshot(pipe, worker_id, msg_bytes, time.time(), first)
+                    queue_snapshot(pipe, self.settings.worker_id, msg_bytes, now, announce)
                     await pipe.execute()
-                self._announced = True
+                self._announced_s = now if announce else self._announced_s
         finally:
             await self.replies.send(self.redis, result.outputs)
 

@@ -23,7 +23,7 @@ import numpy as np
 from redis.asyncio import Redis
 
 from shared import streams
-from shared.bus import queue_snapshot
+from shared.bus import queue_snapshot, should_announce
 from shared.policy.columns import ROTARY_CODE, RUNNING_CODE, WAITING_CODE, RequestColumns
 from shared.protocol import ProtocolError, RotationPlan, StateSnapshot, decode, encode
 from shared.protocol.convert import arrays_from_columns, table_from_arrays
@@ -170,6 +170,7 @@ class StandIn:
         self._applied = True
         self._planned: set[int] = set()
         self.source = "local"
+        self.announced_s: float | None = None
         self.stats = StandInStats()
 
     def take_plans(self, entries: list[tuple[Any, dict[bytes, bytes]]]) -> None:
@@ -289,8 +290,10 @@ class Fleet:
         now = time.time()
         async with self.redis.pipeline(transaction=False) as pipe:
             for standin in group:
-                data, first = standin.step(now, self.period_s), standin.iteration == 1
-                queue_snapshot(pipe, standin.worker_id, data, now, first)
+                data = standin.step(now, self.period_s)
+                announce = should_announce(standin.announced_s, standin.source == "local", now)
+                standin.announced_s = now if announce else standin.announced_s
+                queue_snapshot(pipe, standin.worker_id, data, now, announce)
             await pipe.execute()
 
     def reset_stats(self) -> None:

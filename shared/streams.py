@@ -6,7 +6,7 @@ PREFIX = "superinfer"
 
 # Redis hash holding the SLO knobs and their version (written validated by the admin path).
 KNOBS_KEY = f"{PREFIX}:knobs"
-# Sorted set worker id -> unix seconds of its newest snapshot, written with every snapshot:
+# Sorted set worker id -> unix seconds of its newest snapshot or heartbeat, written with each:
 # control-plane replicas find the workers to plan here (one whose score stops changing is gone).
 SNAPSHOT_WORKERS_KEY = f"{PREFIX}:snapshot-workers"
 # Stream of {"w": worker id}, one entry at each worker incarnation's first snapshot: replicas
@@ -41,9 +41,13 @@ def worker_snapshots_stream(worker_id: str) -> str:
 
 def worker_of_snapshots_stream(stream: str) -> str | None:
     """The worker whose snapshot stream ``stream`` is (None: not one of ours)."""
-    head, tail = f"{PREFIX}:worker:", ":snapshots"
-    if stream.startswith(head) and stream.endswith(tail) and len(stream) > len(head + tail):
-        return stream[len(head) : -len(tail)]
+    return _middle(stream, f"{PREFIX}:worker:", ":snapshots")
+
+
+def _middle(name: str, head: str, tail: str) -> str | None:
+    """What ``name`` holds between ``head`` and ``tail`` (None: not that shape, or empty)."""
+    if name.startswith(head) and name.endswith(tail) and len(name) > len(head + tail):
+        return name[len(head) : -len(tail)]
     return None
 
 
@@ -71,10 +75,7 @@ def gateway_outputs_stream(gateway_id: str) -> str:
 
 def gateway_of_outputs_stream(stream: str) -> str | None:
     """The gateway whose output stream ``stream`` is (None: not one of ours)."""
-    head, tail = f"{PREFIX}:gateway:", ":outputs"
-    if stream.startswith(head) and stream.endswith(tail) and len(stream) > len(head + tail):
-        return stream[len(head) : -len(tail)]
-    return None
+    return _middle(stream, f"{PREFIX}:gateway:", ":outputs")
 
 
 # Stream lengths are capped (approximate MAXLEN) so Redis memory stays bounded in long runs. A

@@ -198,10 +198,6 @@ class DeltaEncoder:
         self.num_full = 0
         self.num_deltas = 0
 
-    def reset(self) -> None:
-        """Nothing sent so far can be a base any more."""
-        self._history.kept.clear()
-
     def encode(
         self, iteration: int, arrays: Mapping[str, np.ndarray], base_iteration: int | None
     ) -> EncodedRequests:

@@ -114,7 +114,8 @@ async def test_a_failed_snapshot_write_still_sends_the_tokens(redis_client: Redi
     worker = Worker.__new__(Worker)  # only what _publish touches
     worker.redis = SnapshotWritesFail(redis_client)  # type: ignore[assignment]
     worker.settings = cast(Any, SimpleNamespace(worker_id="w0"))
-    worker._announced = True
+    worker._announced_s = None
+    worker.planner = cast(Any, SimpleNamespace(source="local"))
     worker.replies = Replies()
     worker.replies.admit("r1", GW_A, {"worker_id": "w0"})
     worker._snapshot_bytes = lambda result, iteration_time_s: b"snapshot"  # type: ignore[method-assign]
