@@ -99,14 +99,13 @@ def columns_from_records(rows: np.ndarray) -> RequestColumns:
 
 class _Kept:
     """A kept table: as it arrived (a whole table) or rebuilt (records); its records and
-    sorted handles are made when it first serves as a base."""
+    handle index are made when it first serves as a base."""
 
-    __slots__ = ("_order", "_rows", "_sorted_seqs", "_table")
+    __slots__ = ("_index", "_rows", "_table")
 
     def __init__(self, table: RequestTable | None = None, rows: np.ndarray | None = None):
         self._table, self._rows = table, rows
-        self._order: np.ndarray | None = None
-        self._sorted_seqs = np.zeros(0, np.int64)
+        self._index: _HandleIndex | None = None
 
     @property
     def rows(self) -> np.ndarray:
@@ -115,34 +114,37 @@ class _Kept:
         return self._rows
 
     def find(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(row of each of ``seqs`` here, whether it is here at all): through a direct table
-        over the handles' range when it is dense (handles are arrival numbers), else by
-        binary search over the sorted handles."""
-        if self._order is None:
-            self._order, self._sorted_seqs = _index(_fields(self.rows)[_SEQ])
-        if not len(seqs) or not len(self.rows):
-            return np.zeros(len(seqs), np.int64), np.zeros(len(seqs), np.bool_)
-        if self._sorted_seqs.dtype == np.int32:  # the direct table, from the smallest handle
-            low = int(self._order[0])
-            offsets = np.clip(seqs - low, 0, len(self._sorted_seqs) - 1)
-            at = self._sorted_seqs[offsets].astype(np.int64)
-            return np.maximum(at, 0), (at >= 0) & (seqs >= low)
-        pos = np.minimum(np.searchsorted(self._sorted_seqs, seqs), len(self._sorted_seqs) - 1)
-        return self._order[pos], self._sorted_seqs[pos] == seqs
+        """(row of each of ``seqs`` here, whether it is here at all)."""
+        if self._index is None:
+            self._index = _HandleIndex(_fields(self.rows)[_SEQ])
+        return self._index.find(seqs)
 
 
-def _index(seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A lookup for :meth:`_Kept.find`: ([smallest handle], int32 row per handle offset, -1
-    where none) over a range at most DENSE_RANGE times the rows, else (argsort, sorted)."""
-    if not len(seqs):
-        return np.zeros(1, np.int64), np.zeros(0, np.int64)
-    low, high = int(seqs.min()), int(seqs.max())
-    if high - low < DENSE_RANGE * len(seqs):
-        table = np.full(high - low + 2, -1, np.int32)  # one past the end stays -1
-        table[seqs - low] = np.arange(len(seqs), dtype=np.int32)
-        return np.array([low], np.int64), table
-    order = np.argsort(seqs, kind="stable")
-    return order, seqs[order]
+class _HandleIndex:
+    """Row by handle: a direct table over the handles' range when it is at most DENSE_RANGE
+    times the rows (handles are arrival numbers: usually dense), else binary search."""
+
+    __slots__ = ("_direct", "_low", "_order", "_sorted")
+
+    def __init__(self, seqs: np.ndarray) -> None:
+        self._low = int(seqs.min()) if len(seqs) else 0
+        span = int(seqs.max()) - self._low + 1 if len(seqs) else 0
+        self._direct: np.ndarray | None = None
+        self._order = self._sorted = np.zeros(0, np.int64)
+        if span <= DENSE_RANGE * len(seqs):
+            self._direct = np.full(span + 1, -1, np.int64)  # one past the end stays -1
+            self._direct[seqs - self._low] = np.arange(len(seqs))
+        else:
+            self._order = np.argsort(seqs, kind="stable")
+            self._sorted = seqs[self._order]
+
+    def find(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self._direct is not None:
+            offsets = np.clip(seqs - self._low, 0, len(self._direct) - 1)
+            at = self._direct[offsets]
+            return np.maximum(at, 0), (at >= 0) & (seqs >= self._low)
+        pos = np.minimum(np.searchsorted(self._sorted, seqs), len(self._sorted) - 1)
+        return self._order[pos], self._sorted[pos] == seqs
 
 
 class _History:

@@ -100,7 +100,9 @@ def _step(rng: np.random.Generator, arrays: dict[str, np.ndarray], next_seq: int
 def test_the_rebuilt_table_is_the_whole_table(seed: int, num: int, steps: int) -> None:
     rng = np.random.default_rng(seed)
     encoder, decoder = DeltaEncoder(max_changed_frac=1.0), DeltaDecoder()
-    arrays, next_seq = _random_table(rng, rng.permutation(num * 3)[:num]), num * 3
+    spread = 1 if rng.random() < 0.5 else 1000  # dense handles, or sparse (binary search)
+    seqs = rng.permutation(num * 3)[:num] * spread
+    arrays, next_seq = _random_table(rng, seqs), num * 3 * spread
     records: dict[int, np.ndarray] = {}
     for iteration in range(steps):
         if iteration:
