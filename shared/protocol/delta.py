@@ -101,16 +101,25 @@ class _Kept:
     """A kept table: as it arrived (a whole table) or rebuilt (records); its records and
     handle index are made when it first serves as a base."""
 
-    __slots__ = ("_index", "_rows", "_table")
+    __slots__ = ("_arrays", "_index", "_rows", "_table")
 
-    def __init__(self, table: RequestTable | None = None, rows: np.ndarray | None = None):
-        self._table, self._rows = table, rows
+    def __init__(
+        self,
+        table: RequestTable | None = None,
+        rows: np.ndarray | None = None,
+        arrays: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        self._table, self._rows, self._arrays = table, rows, arrays
         self._index: _HandleIndex | None = None
 
     @property
     def rows(self) -> np.ndarray:
-        if self._rows is None:  # then the table was given
-            self._rows = records_from_table(cast(RequestTable, self._table))
+        if self._rows is None:
+            if self._arrays is not None:
+                self._rows = records_from_arrays(self._arrays)
+            else:
+                self._rows = records_from_table(cast(RequestTable, self._table))
+            self._arrays = self._table = None
         return self._rows
 
     def find(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -205,16 +214,20 @@ class DeltaEncoder:
     ) -> EncodedRequests:
         """Iteration ``iteration``'s whole table, given unpacked (every ``TABLE_COLUMNS``
         name: ``shared.protocol.convert.arrays_from_columns``), as it should travel."""
-        rows = records_from_arrays(arrays)
-        kept = self._history.kept
-        base = kept.get(base_iteration) if base_iteration is not None else None
-        self._history.keep(iteration, _Kept(rows=rows))
-        if base is not None and base_iteration is not None and self._next_try <= iteration:
+        base = None
+        if base_iteration is not None and base_iteration < iteration:
+            base = self._history.kept.get(base_iteration) if self._next_try <= iteration else None
+        if base is not None and base_iteration is not None:
+            rows = records_from_arrays(arrays)
+            self._history.keep(iteration, _Kept(rows=rows))
             delta = self._delta(rows, base, base_iteration)
             if delta is not None:
                 self.num_deltas += 1
                 return delta
             self._next_try = iteration + self.retry_after
+        else:  # kept as copies (callers reuse their arrays); records only if it becomes a base
+            copies = {name: np.array(values) for name, values in arrays.items()}
+            self._history.keep(iteration, _Kept(arrays=copies))
         self.num_full += 1
         return EncodedRequests(table_from_arrays(arrays), None)
 
