@@ -16,6 +16,7 @@ import numpy as np
 
 from data_plane.engine.executor import BatchItem, Executor
 from data_plane.engine.output import check_stop
+from data_plane.engine.prefix_watch import PrefixWatch
 from data_plane.engine.queues import RequestQueue
 from data_plane.engine.request import FinishReason, Request, RequestError, RequestOutput
 from data_plane.engine.sampling import SamplingParams
@@ -95,7 +96,8 @@ class Engine:
         self.keep_columns = keep_columns
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
-        self.waiting = RequestQueue(self._view)
+        self._prefix_watch = PrefixWatch()  # waiting requests' views x the cache's changes
+        self.waiting = RequestQueue(self._waiting_view)
         self.rotary = RequestQueue(self._view, RequestState.ROTARY)
         self.stats = EngineStats()
         self._arrival_seq = 0
@@ -173,6 +175,7 @@ class Engine:
         t_start = time.perf_counter()
         self.stats.num_iterations += 1
         self.kv.poll()
+        self._refresh_waiting_views()
         now = self.clock()
         if self._arriving:
             self._mark_resident(now)
@@ -264,17 +267,42 @@ class Engine:
             "iteration": self.stats.num_iterations,
         }
 
-    def _view(self, r: Request) -> RequestView:
+    def _refresh_waiting_views(self) -> None:
+        """Rebuild the views of the waiting requests whose prefix hits the cache's changes
+        since the last iteration may have changed (:mod:`data_plane.engine.prefix_watch`)."""
+        changed = self.kv.drain_prefix_changes() if self.kv.prefix_caching else None
+        if changed and self.waiting:
+            affected = self._prefix_watch.affected(changed)
+            if affected:
+                self.waiting.refresh(affected)
+
+    def _waiting_view(self, r: Request) -> RequestView:
+        """A waiting request's view: what its cached prefix will not prefill counts as
+        computed, its blocks in use by others and in DRAM as its; the keys that answer
+        depends on are watched (the hits and the first miss)."""
+        if not r.block_keys:
+            return self._view(r)
+        hits = self.kv.prefix_hits(r.all_token_ids, r.block_keys)
+        self._prefix_watch.watch(r.request_id, r.block_keys[: hits.num_blocks + 1])
+        num_computed = hits.num_blocks * self.kv.block_size
+        return self._view(r, num_computed, hits.num_hbm_in_use, hits.num_dram)
+
+    def _view(
+        self,
+        r: Request,
+        num_computed: int | None = None,
+        num_hbm: int = 0,
+        num_dram: int = 0,
+    ) -> RequestView:
         """The policy's view of ``r``, built positionally in C (``RequestView``'s field
-        order): one per running and rotary request per iteration."""
+        order): one per running and rotary request per iteration. ``num_computed``: given
+        with the block counts for a waiting request (:meth:`_waiting_view`), else its own and
+        its block table's."""
         rid = r.request_id
-        table = self.kv.tables.get(rid)
-        num_hbm, num_dram = (table.num_hbm, table.num_dram) if table else (0, 0)
-        num_computed = r.num_computed_tokens
-        if r.state is RequestState.WAITING and r.block_keys:  # what its prefix will not prefill
-            hits = self.kv.prefix_hits(r.all_token_ids, r.block_keys)
-            num_computed = hits.num_blocks * self.kv.block_size
-            num_hbm, num_dram = hits.num_hbm_in_use, hits.num_dram
+        if num_computed is None:
+            table = self.kv.tables.get(rid)
+            num_hbm, num_dram = (table.num_hbm, table.num_dram) if table else (0, 0)
+            num_computed = r.num_computed_tokens
         return _new_view(
             RequestView,
             (
@@ -321,7 +349,7 @@ class Engine:
                 self._arriving.append(request)
         for request_id in plan.admit_ids:
             request = self._expect(request_id, RequestState.WAITING)
-            self.waiting.remove(request)
+            self._leave_waiting(request)
             request.state = RequestState.RUNNING
             request.t_run_s = now
             request.t_first_run_s = request.t_first_run_s or now
@@ -351,6 +379,10 @@ class Engine:
             else:
                 still.append(request)
         self._arriving = still
+
+    def _leave_waiting(self, request: Request) -> None:
+        self.waiting.remove(request)
+        self._prefix_watch.forget(request.request_id)
 
     def _unadmit(self, request: Request, now: float) -> None:
         """An admitted request whose first chunk found no free block goes back to waiting
@@ -452,7 +484,7 @@ class Engine:
     def _finish(self, request: Request, reason: FinishReason) -> None:
         request.finish_reason = reason
         if request.state is RequestState.WAITING:
-            self.waiting.remove(request)
+            self._leave_waiting(request)
         else:  # identity comparison: requests compare by id (eq=False)
             (self.running if request.state is RequestState.RUNNING else self.rotary).remove(request)
         self.kv.free(request.request_id)

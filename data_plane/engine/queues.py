@@ -1,14 +1,16 @@
 """The waiting queue and the rotary set, with their requests' policy views and columns kept
 up to date.
 
-A waiting request holds no KV and changes nothing until it runs, but in overload thousands
-wait and the policy looks at all of them every iteration. Building a view per waiting request
-per iteration was the engine's hot path (the simulator spent 80 % of a 120 s run there); a
-:class:`RequestQueue` builds each request's view once, when it joins, and keeps the views as a
-list and as numpy columns (for the columnar LVF) in queue order. A join at either end or a
-leave anywhere costs one write per column, or one C-level shift of the columns. Rotary
-requests are as still, except for their block counts and residency while copies complete: the
-engine reads those three columns afresh (:meth:`RequestQueue.column_arrays` ``overrides``).
+In overload thousands wait and the policy looks at all of them every iteration. Building a
+view per waiting request per iteration was the engine's hot path (the simulator spent 80 % of
+a 120 s run there); a :class:`RequestQueue` builds each request's view when it joins and
+keeps the views as a list and as numpy columns (for the columnar LVF) in queue order. A join
+at either end or a leave anywhere costs one write per column, or one C-level shift of the
+columns. What can change while a request waits is its prefix-cache hits: the engine rebuilds
+the views of the requests a cache change concerns (:meth:`RequestQueue.refresh`,
+:mod:`data_plane.engine.prefix_watch`). Rotary requests change their block counts and
+residency while copies complete: the engine reads those three columns afresh
+(:meth:`RequestQueue.column_arrays` ``overrides``).
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ class RequestQueue:
     :meth:`views` and :meth:`column_arrays` for the policy's snapshot.
 
     ``make_view`` builds a request's view when it joins (the engine's, which reads the KV
-    manager); the request must not change while it is here (the engine only changes a
-    request after taking it out), except for what :meth:`column_arrays` is told to override.
+    manager) and when :meth:`refresh` is asked to; the request must not change while it is
+    here otherwise (the engine only changes a request after taking it out), except for what
+    :meth:`column_arrays` is told to override.
     """
 
     def __init__(
@@ -75,6 +78,12 @@ class RequestQueue:
         end = len(self._requests) + 1
         for array in self._all_arrays():
             array[index : end - 1] = array[index + 1 : end]
+
+    def refresh(self, request_ids: set[str]) -> None:
+        """Rebuild the views (and columns) of the requests in ``request_ids`` in place."""
+        for index, request_id in enumerate(self._ids):
+            if request_id in request_ids:
+                self._write(index, self._make_view(self._requests[index]))
 
     def views(self) -> list[RequestView]:
         """The requests' views, in order (do not modify the list)."""
@@ -123,6 +132,10 @@ class RequestQueue:
         self._requests.insert(index, request)
         self._views.insert(index, view)
         self._ids.insert(index, view.request_id)
+        self._write(index, view)
+
+    def _write(self, index: int, view: RequestView) -> None:
+        self._views[index] = view
         arrays = self._arrays
         for name in FLOAT_FIELDS:
             value = getattr(view, name)

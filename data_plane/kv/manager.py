@@ -155,6 +155,11 @@ class KVCacheManager:
         in_use = sum(1 for block_id in hbm if self.hbm.refs(block_id) > 0)
         return PrefixHits(len(hbm), in_use, 0)
 
+    def drain_prefix_changes(self) -> set[int]:
+        """Block keys whose :meth:`prefix_hits` answer may have changed since the last call
+        (the engine refreshes the waiting requests whose prefix runs through them)."""
+        return self.hbm.drain_changed_keys()
+
     def take_prefix(self, request_id: str, token_ids: Sequence[int], keys: Sequence[int]) -> int:
         """A request starts: share the cached blocks of its prefix (a new block table holding
         them); returns how many leading blocks need no prefill."""

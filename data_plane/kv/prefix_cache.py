@@ -69,6 +69,7 @@ class CachingBlockPool:
         self._content: dict[int, _Content] = {}  # block id -> what it holds (cached blocks)
         self._block_of: dict[int, int] = {}  # key -> block id
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, no references
+        self._changed_keys: set[int] = set()  # what a lookup may now answer differently
         self.counters = CacheCounters()
 
     # ---- BlockPool's interface -----------------------------------------------------------
@@ -112,8 +113,10 @@ class CachingBlockPool:
                 raise RuntimeError(f"{self.name}: block {block_id} freed twice")
             self._refs[block_id] = refs - 1
             if refs == 1:
-                if block_id in self._content:
+                content = self._content.get(block_id)
+                if content is not None:
                     self._evictable[block_id] = None
+                    self._changed_keys.add(content.key)  # in use -> evictable
                 else:
                     self._pool.free([block_id])
 
@@ -138,6 +141,7 @@ class CachingBlockPool:
             return block_id
         self._block_of[key] = block_id
         self._content[block_id] = _Content(key, parent, tuple(tokens))
+        self._changed_keys.add(key)
         return block_id
 
     def cached_block(self, key: int, parent: int, tokens: Sequence[int]) -> int | None:
@@ -154,7 +158,14 @@ class CachingBlockPool:
         """One more reference to a cached block (a hit), out of the evictable LRU if there."""
         if self._refs[block_id] == 0:
             del self._evictable[block_id]
+            self._changed_keys.add(self._content[block_id].key)  # evictable -> in use
         self._refs[block_id] += 1
+
+    def drain_changed_keys(self) -> set[int]:
+        """The keys whose lookup (:meth:`cached_block`) or use (:meth:`refs` > 0) changed
+        since the last drain: indexed, evicted, taken from or released to the LRU."""
+        changed, self._changed_keys = self._changed_keys, set()
+        return changed
 
     def clear(self) -> int:
         """Drop the index of every evictable block (they become free); returns how many."""
@@ -167,5 +178,6 @@ class CachingBlockPool:
 
     def _forget(self, block_id: int) -> None:
         content = self._content.pop(block_id)
+        self._changed_keys.add(content.key)
         if self._block_of.get(content.key) == block_id:
             del self._block_of[content.key]

@@ -190,6 +190,9 @@ class TieredKVCacheManager(KVCacheManager):
         dram = self._walk(self.dram, token_ids, keys, hits.num_hbm, limit)
         return hits._replace(num_dram=len(dram))
 
+    def drain_prefix_changes(self) -> set[int]:
+        return super().drain_prefix_changes() | self.dram.drain_changed_keys()
+
     def take_prefix(self, request_id: str, token_ids: Sequence[int], keys: Sequence[int]) -> int:
         """HBM's cached prefix is shared; the blocks that follow it in DRAM's index are
         loaded into new HBM blocks (H2D, within B_xfer: the request is not resident until

@@ -60,6 +60,28 @@ def test_shared_blocks_are_counted_and_parked_not_freed() -> None:
         pool.free(ids[:1])
 
 
+def test_changes_a_lookup_could_see_are_reported_once() -> None:
+    """Indexing, the last release, a take from the LRU and an eviction each report the
+    block's key; taking or releasing a block others still hold, or an uncached one, does not
+    (a waiting request's hits cannot change then)."""
+    pool = CachingBlockPool(4, "hbm")
+    tokens = list(range(8))
+    keys = block_keys(tokens, BS)
+    ids = _cache_prefix(pool, tokens)
+    assert pool.drain_changed_keys() == set(keys) and pool.drain_changed_keys() == set()
+    pool.take(ids[0])  # shared by a second request: still in use
+    pool.free(ids[:1])
+    assert pool.drain_changed_keys() == set()
+    pool.free(ids)  # the last holders end: both evictable
+    assert pool.drain_changed_keys() == set(keys)
+    pool.take(ids[1])  # back in use
+    assert pool.drain_changed_keys() == {keys[1]}
+    pool.free(pool.allocate(2))  # the free list's uncached blocks
+    assert pool.drain_changed_keys() == set()
+    pool.allocate(3)  # two free, then the LRU's evictable first block: evicted
+    assert pool.drain_changed_keys() == {keys[0]}
+
+
 def test_eviction_takes_free_blocks_first_then_the_least_recently_released() -> None:
     pool = CachingBlockPool(4, "hbm")
     first = _cache_prefix(pool, [1] * 4 + [2] * 4)
