@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shared.tokenizer import HFTokenizer, TokenizerBundle, TokenizerNotFoundError
+from shared.tokenizer_base import HFTokenizer, TokenizerBundle, TokenizerNotFoundError
 
 if TYPE_CHECKING:
     from gguf import GGUFReader

@@ -5,51 +5,22 @@ from __future__ import annotations
 import heapq
 import json
 import struct
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from shared.gguf_tokenizer import load_gguf_bundle
 from shared.model_source import model_display_name
+from shared.tokenizer_base import HFTokenizer, Tokenizer, TokenizerBundle, TokenizerNotFoundError
 
-
-class Tokenizer(Protocol):
-    bos_token_id: int | None
-    eos_token_ids: tuple[int, ...]
-
-    def encode(self, text: str, add_bos: bool = True) -> list[int]: ...
-
-    def decode(self, token_ids: list[int]) -> str: ...
-
-
-class HFTokenizer:
-    """A ``tokenizers`` fast tokenizer loaded from a local ``tokenizer.json``."""
-
-    def __init__(self, path: Path, bos_token_id: int | None, eos_token_ids: tuple[int, ...]):
-        from tokenizers import Tokenizer as FastTokenizer
-
-        self._tok = FastTokenizer.from_file(str(path))
-        self.bos_token_id = bos_token_id
-        self.eos_token_ids = eos_token_ids
-
-    @classmethod
-    def from_tokenizer(
-        cls, fast: Any, bos_token_id: int | None, eos_token_ids: tuple[int, ...]
-    ) -> HFTokenizer:
-        """Wrap an in-memory ``tokenizers.Tokenizer`` (one built from GGUF metadata)."""
-        tokenizer = cls.__new__(cls)
-        tokenizer._tok = fast
-        tokenizer.bos_token_id = bos_token_id
-        tokenizer.eos_token_ids = eos_token_ids
-        return tokenizer
-
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        """The tokenizer's own special tokens (its post-processor: BOS for Llama and Mistral,
-        none for Qwen2), as Hugging Face's tokenizers and vLLM add them; none when
-        ``add_bos`` is False (chat templates write their own)."""
-        return list(self._tok.encode(text, add_special_tokens=add_bos).ids)
-
-    def decode(self, token_ids: list[int]) -> str:
-        return str(self._tok.decode(token_ids, skip_special_tokens=True))
+__all__ = [
+    "ByteTokenizer",
+    "HFTokenizer",
+    "Llama2cTokenizer",
+    "Tokenizer",
+    "TokenizerBundle",
+    "TokenizerNotFoundError",
+    "load_tokenizer_bundle",
+]
 
 
 class ByteTokenizer:
@@ -186,19 +157,6 @@ class Llama2cTokenizer:
 # ---- what a gateway needs of a model: its tokenizer and chat template, no weights ----------
 
 
-@dataclass(frozen=True, slots=True)
-class TokenizerBundle:
-    tokenizer: Tokenizer
-    model_name: str
-    chat_template: str | None = None  # jinja2 source from tokenizer_config.json, if any
-    bos_token: str = ""
-    eos_token: str = ""
-
-
-class TokenizerNotFoundError(ValueError):
-    """The model path holds no tokenizer we can load (a clear error, never a hub download)."""
-
-
 def load_tokenizer_bundle(model: str, tokenizer_path: str | None = None) -> TokenizerBundle:
     """The tokenizer for ``model`` as ``superinfer generate`` names it: an HF checkpoint
     directory (tokenizer.json, tokenizer_config.json), a ``.gguf`` file (its metadata), a
@@ -212,8 +170,6 @@ def load_tokenizer_bundle(model: str, tokenizer_path: str | None = None) -> Toke
     if path.is_dir():
         return _hf_bundle(path, Path(tokenizer_path) if tokenizer_path else None, name)
     if path.suffix == ".gguf":  # the tokenizer is in the file's metadata
-        from shared.gguf_tokenizer import load_gguf_bundle
-
         return load_gguf_bundle(Path(tokenizer_path) if tokenizer_path else path, name)
     source = Path(tokenizer_path) if tokenizer_path else None
     if source is None:

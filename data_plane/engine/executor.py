@@ -1,34 +1,20 @@
-"""What the engine core hands to whatever computes a batch, and gets back: no torch here, so the
-engine loop (and the simulator's executor) stands without it.
+"""The executor contract and the real executor: no torch here, so the engine loop (and the
+simulator's executor) stands without it.
 
-- :class:`BatchItem`: one request's chunk this iteration and the HBM blocks it writes;
-- :class:`Executor`: runs a batch, returns the sampled token of each request that samples;
+- :class:`BatchItem`, :class:`Executor`: the contract, defined in ``batch`` (re-exported here);
 - :class:`ModelExecutor`: the real one, a :class:`~data_plane.engine.model_runner.ModelRunner`
   over the worker's HBM KV tensor (torch is imported by the runner, not by this module)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from data_plane.engine.request import Request
+from data_plane.engine.batch import BatchItem, Executor
 
 if TYPE_CHECKING:
     from data_plane.engine.model_runner import ModelRunner
 
-
-@dataclass(slots=True)
-class BatchItem:
-    request: Request
-    num_tokens: int  # tokens computed this iteration
-    block_ids: list[int]  # the request's HBM block table, covering the new tokens
-
-
-class Executor:
-    """Runs one batch and returns the sampled token per request that samples."""
-
-    def execute(self, items: list[BatchItem]) -> dict[str, int]:  # pragma: no cover
-        raise NotImplementedError
+__all__ = ["BatchItem", "Executor", "ModelExecutor"]
 
 
 class ModelExecutor(Executor):

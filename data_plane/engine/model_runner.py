@@ -14,8 +14,8 @@ import os
 
 import torch
 
+from data_plane.engine.batch import BatchItem
 from data_plane.engine.cuda_graphs import DEFAULT_MAX_GRAPH_BATCH, DecodeGraphs
-from data_plane.engine.executor import BatchItem
 from data_plane.engine.request import Request
 from data_plane.engine.sampler import Sampler
 from data_plane.engine.sampling import SamplingRow

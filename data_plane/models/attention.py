@@ -13,56 +13,19 @@ to the Triton kernels of ``triton_attention`` instead, which read the same layou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
+from data_plane.models.attention_metadata import AttentionMetadata, PagedInputs, TileSet
+from data_plane.models.triton_attention import paged_attention_triton, write_kv_paged
 
-@dataclass(slots=True)
-class TileSet:
-    """Query tiles of one Triton launch: tile ``i`` holds up to ``block_q`` queries of sequence
-    ``seq_ids[i]``, starting at its query ``query_offsets[i]``."""
-
-    seq_ids: torch.Tensor  # [num_tiles]
-    query_offsets: torch.Tensor  # [num_tiles]
-    block_q: int
-
-    @property
-    def num_tiles(self) -> int:
-        return int(self.seq_ids.shape[0])
-
-
-@dataclass(slots=True)
-class PagedInputs:
-    """Block tables for the Triton path; sequences are ordered as the tokens are."""
-
-    block_tables: torch.Tensor  # [num_seqs, width] HBM block ids, padded with 0
-    context_lens: torch.Tensor  # [num_seqs] tokens cached after this step (new ones included)
-    query_starts: torch.Tensor  # [num_seqs + 1] token index of each sequence's first query
-    decode_tiles: TileSet | None
-    prefill_tiles: TileSet | None
-    rows_per_block: int  # num_layers * 2 * block_size
-
-
-@dataclass(slots=True)
-class AttentionMetadata:
-    """Where this batch's tokens go and what each sequence attends to.
-
-    Tokens are laid out decodes first (``num_decodes`` sequences, one token each), then the
-    prefill chunks. Row indices are for layer 0's K (see the module docstring).
-    """
-
-    slot_rows: torch.Tensor  # [num_tokens] cache row of each new token
-    num_decodes: int
-    decode_rows: torch.Tensor  # [num_decodes, max_context] context rows, padded with 0
-    decode_context_lens: torch.Tensor  # [num_decodes] context incl. the new token
-    prefill_query_starts: list[int]  # token index where each prefill chunk starts
-    prefill_query_lens: list[int]
-    prefill_num_computed: list[int]  # tokens already in the cache before the chunk
-    prefill_rows: list[torch.Tensor]  # [context] rows of each prefill sequence
-    block_size: int
-    paged: PagedInputs | None = None  # set: the Triton path (block tables, no row lists)
+__all__ = [
+    "AttentionMetadata",
+    "PagedInputs",
+    "TileSet",
+    "paged_attention",
+    "write_kv",
+]
 
 
 def write_kv(
@@ -74,8 +37,6 @@ def write_kv(
 ) -> None:
     """Store new keys/values ``[num_tokens, num_kv_heads, head_dim]`` in their slots."""
     if meta.paged is not None:
-        from data_plane.models.triton_attention import write_kv_paged
-
         write_kv_paged(cache_rows, layer_offset, k, v, meta)
         return
     rows = meta.slot_rows + layer_offset
@@ -93,8 +54,6 @@ def paged_attention(
 ) -> torch.Tensor:
     """Attention for every new token. ``q``: [num_tokens, num_heads, head_dim]."""
     if meta.paged is not None:
-        from data_plane.models.triton_attention import paged_attention_triton
-
         return paged_attention_triton(q, cache_rows, layer_offset, meta, scale, sliding_window)
     out = torch.empty_like(q)
     n_dec = meta.num_decodes

@@ -20,13 +20,12 @@ import torch
 
 from data_plane.models.config import ModelConfig, ModelConfigError
 from data_plane.models.llama import LlamaModel, empty_model
+from data_plane.models.loaded import LoadedModel
 from shared.gguf_tokenizer import bundle_from_reader, eos_token_ids, metadata, open_gguf
 from shared.tokenizer import TokenizerNotFoundError
 
 if TYPE_CHECKING:
     from gguf import GGUFReader, ReaderTensor
-
-    from data_plane.models.loader import LoadedModel
 
 # GGUF general.architecture values we serve; "llama" also holds Mistral models
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
@@ -58,8 +57,6 @@ TOP_TENSORS = {
 
 def load_gguf(path: Path, dtype: torch.dtype | None, device: str) -> LoadedModel:
     """A ``.gguf`` file as a model with its tokenizer (from the same file's metadata)."""
-    from data_plane.models.loader import LoadedModel  # loader dispatches here
-
     try:
         reader = open_gguf(path)
     except TokenizerNotFoundError as exc:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -13,7 +12,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from data_plane.models.config import DTYPES, ModelConfig, ModelConfigError
+from data_plane.models.gguf_loader import load_gguf
 from data_plane.models.llama import DecoderLayer, LlamaModel, empty_model
+from data_plane.models.loaded import LoadedModel
 from shared.tokenizer import ByteTokenizer, HFTokenizer, Llama2cTokenizer, Tokenizer
 
 TINY_RANDOM = "tiny-random"
@@ -22,13 +23,7 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 HARMLESS_SUFFIXES = ("rotary_emb.inv_freq",)
 COPY_CHUNK_BYTES = 16 * 1024 * 1024
 
-
-@dataclass(slots=True)
-class LoadedModel:
-    config: ModelConfig
-    model: LlamaModel
-    tokenizer: Tokenizer | None
-    name: str
+__all__ = ["TINY_RANDOM", "LoadedModel", "load_model", "load_tokenizer"]
 
 
 def load_model(
@@ -49,8 +44,6 @@ def load_model(
         if location.is_dir():
             loaded = _load_hf_dir(location, torch_dtype, device)
         elif location.suffix == ".gguf":
-            from data_plane.models.gguf_loader import load_gguf
-
             loaded = load_gguf(location, torch_dtype, device)
         else:
             loaded = _load_llama2c(location, torch_dtype)

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from data_plane.models.attention import AttentionMetadata, PagedInputs, TileSet
+from data_plane.models.attention_metadata import AttentionMetadata, PagedInputs, TileSet
 
 # triton is optional (the CPU path never needs it) and imported on the first launch: its own
 # library functions are bound to the interpreter or the compiler when it is imported, so

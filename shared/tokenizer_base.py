@@ -1,0 +1,63 @@
+"""What every tokenizer loader builds on: the :class:`Tokenizer` protocol, the wrapper of a
+Hugging Face fast tokenizer (from ``tokenizer.json`` or built from GGUF metadata), the
+gateway's :class:`TokenizerBundle` and the error when a model has no tokenizer. Both
+``tokenizer`` and ``gguf_tokenizer`` import these, so neither imports the other for them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class Tokenizer(Protocol):
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+
+class HFTokenizer:
+    """A ``tokenizers`` fast tokenizer loaded from a local ``tokenizer.json``."""
+
+    def __init__(self, path: Path, bos_token_id: int | None, eos_token_ids: tuple[int, ...]):
+        from tokenizers import Tokenizer as FastTokenizer
+
+        self._tok = FastTokenizer.from_file(str(path))
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = eos_token_ids
+
+    @classmethod
+    def from_tokenizer(
+        cls, fast: Any, bos_token_id: int | None, eos_token_ids: tuple[int, ...]
+    ) -> HFTokenizer:
+        """Wrap an in-memory ``tokenizers.Tokenizer`` (one built from GGUF metadata)."""
+        tokenizer = cls.__new__(cls)
+        tokenizer._tok = fast
+        tokenizer.bos_token_id = bos_token_id
+        tokenizer.eos_token_ids = eos_token_ids
+        return tokenizer
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        """The tokenizer's own special tokens (its post-processor: BOS for Llama and Mistral,
+        none for Qwen2), as Hugging Face's tokenizers and vLLM add them; none when
+        ``add_bos`` is False (chat templates write their own)."""
+        return list(self._tok.encode(text, add_special_tokens=add_bos).ids)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return str(self._tok.decode(token_ids, skip_special_tokens=True))
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerBundle:
+    tokenizer: Tokenizer
+    model_name: str
+    chat_template: str | None = None  # jinja2 source from tokenizer_config.json, if any
+    bos_token: str = ""
+    eos_token: str = ""
+
+
+class TokenizerNotFoundError(ValueError):
+    """The model path holds no tokenizer we can load (a clear error, never a hub download)."""
