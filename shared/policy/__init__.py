@@ -1,4 +1,17 @@
-"""Scheduling policies: pure functions from (snapshot, knobs) to a plan. No I/O."""
+"""Scheduling policies: pure functions from (snapshot, knobs) to a plan. No I/O.
+
+The policy math has exactly one definition each in the product, over request columns (a
+view-walking policy calls them on scalars or on columns built from its views;
+tests/shared/test_policy_single_definitions.py fails on a second copy):
+
+- VLT (SUPERINFER.md §3): :func:`shared.policy.vlt.vlt_array`;
+- blk(r) (§4): :func:`shared.policy.joining.candidate_blocks`;
+- the running requests' growth this step: :func:`shared.policy.joining.running_growth`;
+- packing a batch: :func:`shared.policy.packing.pack_columns`.
+
+Their one-request-at-a-time statements, which property tests hold them to, live in
+tests/shared/policy_reference.py.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +32,7 @@ from shared.policy.types import (
     ScheduledChunk,
     Snapshot,
 )
-from shared.policy.vlt import vlt
+from shared.policy.vlt import vlt_array
 
 __all__ = [
     "PAPER_LVF",
@@ -39,5 +52,5 @@ __all__ = [
     "make_plan",
     "plan_handles",
     "predicted_lag_s",
-    "vlt",
+    "vlt_array",
 ]

@@ -1,19 +1,23 @@
-"""Block and seat accounting shared by LVF (shared/policy/lvf.py) and by fitting a remote plan
-(shared/policy/remote.py): the running requests' growth under one token budget, DRAM room for
-victims, recompute cover for a shortage, and who joins the batch with the room left.
+"""Block and seat accounting of the policies: blk(r) (:func:`candidate_blocks`) and the
+running requests' growth under one token budget (:func:`running_growth`), the product's one
+of each; and, for LVF (shared/policy/lvf.py) and fitting a remote plan
+(shared/policy/remote.py), DRAM room for victims, recompute cover for a shortage, and who
+joins the batch with the room left.
 
 Block accounting follows the engine (data_plane/engine/engine.py): it applies a plan's
 preemptions first (their HBM blocks are free at once), then rotations out (a victim's synced
-HBM blocks are dropped at once, its unsynced ones come free when their D2H copy completes),
-then resumes (each allocates the HBM blocks its KV is copied into) and admissions, and only
-then allocates the blocks of the scheduled chunks, in schedule order.
+HBM blocks are dropped at once, its unsynced ones come free only when their D2H copy
+completes: ``TieredKVCacheManager.rotate_out``), then resumes (each allocates the HBM blocks
+its KV is copied into) and admissions, and only then allocates the blocks of the scheduled
+chunks, in schedule order.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple, overload
 
 import numpy as np
+import numpy.typing as npt
 
 from shared.policy.columns import (
     ROTARY_CODE,
@@ -26,6 +30,7 @@ from shared.policy.packing import greedy_take, pack_columns
 from shared.policy.types import Knobs
 
 EMPTY = np.empty(0, np.int64)
+Bools = npt.NDArray[np.bool_]
 
 
 class Transitions(NamedTuple):
@@ -42,12 +47,24 @@ class Transitions(NamedTuple):
     fcfs_fallback: bool
 
 
-def candidate_blocks(columns: RequestColumns, block_size: int) -> Ints:
-    """blk(r) of every row as a waiting or rotary request: the HBM blocks its whole KV needs,
-    less, for a waiting request, the blocks of its cached prefix already in HBM and in use
-    (shared, not allocated; a cached block nobody uses is counted: it is among the free)."""
-    blk = -(-columns.num_tokens // block_size)
-    return blk - np.where(columns.states == WAITING_CODE, columns.num_blocks_hbm, 0)
+@overload
+def candidate_blocks(
+    num_tokens: int, num_blocks_hbm: int, waiting: bool, block_size: int
+) -> int: ...
+
+
+@overload
+def candidate_blocks(
+    num_tokens: Ints, num_blocks_hbm: Ints, waiting: Bools, block_size: int
+) -> Ints: ...
+
+
+def candidate_blocks(num_tokens: Any, num_blocks_hbm: Any, waiting: Any, block_size: int) -> Any:
+    """blk(r) (SUPERINFER.md §4) of a waiting or rotary request, on ints or element-wise on
+    columns: the HBM blocks its whole KV needs, less, for a waiting request, the blocks of its
+    cached prefix already in HBM and in use (shared, not allocated; a cached block nobody uses
+    is counted: it is among the free). The one blk(r) of the product."""
+    return -(-num_tokens // block_size) - num_blocks_hbm * waiting
 
 
 def running_growth(snapshot: ColumnarSnapshot, running: Ints) -> Ints:
@@ -152,7 +169,8 @@ def join_and_pack(
     seats = snapshot.max_num_seqs - len(running) + len(leavers)
     if len(preempted):
         chosen = EMPTY
-    blk = candidate_blocks(columns, bs)[chosen]
+    waiting = columns.states[chosen] == WAITING_CODE
+    blk = candidate_blocks(columns.num_tokens[chosen], columns.num_blocks_hbm[chosen], waiting, bs)
     is_rotary = columns.states[chosen] == ROTARY_CODE
     acting = np.flatnonzero(~is_rotary | (columns.num_blocks_hbm[chosen] == 0))
     fitted, _ = greedy_take(blk[acting], room, max(0, seats), stop_at_zero=False)

@@ -89,7 +89,8 @@ def lvf_transitions(
     is_running = columns.states == RUNNING_CODE
     running, candidates = np.flatnonzero(is_running), np.flatnonzero(~is_running)
     growth = running_growth(snapshot, running)
-    blk = candidate_blocks(columns, bs)  # blk(r) of every waiting or rotary request
+    waiting = columns.states == WAITING_CODE  # blk(r) of every row as a waiting or rotary one
+    blk = candidate_blocks(columns.num_tokens, columns.num_blocks_hbm, waiting, bs)
     b_hbm = snapshot.num_free_hbm_blocks - int(growth.sum())
     seats_free = snapshot.max_num_seqs - len(running)
     if b_hbm >= int(blk[candidates].sum()):  # step 1: no contention, FCFS

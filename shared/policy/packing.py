@@ -1,9 +1,10 @@
-"""Column-wise building blocks of LVF (shared/policy/lvf.py): the sequential "take it if it
-still fits" scan and batch packing, on numpy arrays.
+"""Column-wise building blocks of the policies: the sequential "take it if it still fits"
+scan and batch packing (:func:`pack_columns`, the product's one packing), on numpy arrays.
 
-Both produce exactly what their one-request-at-a-time counterparts produce (a Python loop
-over the items, and ``shared.policy.common.pack_schedule``); numpy does the bulk of the work,
-Python only the few requests where a decision depends on the ones before.
+Both produce exactly what their one-request-at-a-time statements produce (a Python loop over
+the items, and ``pack_schedule`` in tests/shared/policy_reference.py; property tests hold
+them equal); numpy does the bulk of the work, Python only the few requests where a decision
+depends on the ones before.
 """
 
 from __future__ import annotations
@@ -82,9 +83,12 @@ def pack_columns(
     max_num_seqs: int,
     num_free_blocks: int,
 ) -> tuple[Ints, list[int]]:
-    """``pack_schedule`` over the requests ``order`` (indices into ``columns``): decodes first,
-    then prefill chunks, within the token budget, ``max_num_seqs`` and ``num_free_blocks`` new
-    blocks. Returns (the scheduled requests' indices, their token counts), in batch order."""
+    """Pack the requests ``order`` (indices into ``columns``) into one batch: decodes first,
+    then prefill chunks, each group in ``order``, within the token budget, ``max_num_seqs``
+    and ``num_free_blocks`` new blocks. A prefill chunk shrinks to the tokens its blocks can
+    hold; a request that cannot get a token in is skipped (the rest are still tried); one
+    whose KV is not resident yet sits this iteration out. Returns (the scheduled requests'
+    indices, their token counts), in batch order."""
     budget, seats = max_num_batched_tokens, max_num_seqs
     cap = min(seats, budget)
     if cap <= 0 or not len(order):

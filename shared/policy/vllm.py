@@ -11,19 +11,22 @@ resumed before any admission.
 vLLM V1 walks its running list in order; "decodes first" here is SUPERINFER.md's reading of
 it (in V1 the running list is admission order, so partial prefills sit near its end). Victims
 are still taken from the end of the running list, as V1's ``self.running.pop()`` does.
+
+That walk (allocate or preempt, request by request; admission blocked at the first misfit)
+is vLLM's own and stays here; blk(r) and the swap mode's re-pack use the product's one
+definition (``candidate_blocks``, ``pack_columns``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from shared.policy.common import (
-    arrival_key,
-    demand_blocks,
-    is_decode,
-    pack_schedule,
-    split_snapshot,
-)
+import numpy as np
+
+from shared.policy.columns import columns_from_views, pick_ids
+from shared.policy.common import arrival_key, is_decode, make_chunks, split_snapshot
+from shared.policy.joining import candidate_blocks
+from shared.policy.packing import pack_columns
 from shared.policy.types import Plan, RequestView, ScheduledChunk, Snapshot
 
 OrderKey = Callable[[RequestView], tuple[float, float, int]]
@@ -40,8 +43,9 @@ def vllm(
     chosen by that key (lowest first / highest evicted), e.g. :func:`priority_key`.
     ``swap`` is vLLM V0's swap preemption: victims rotate out to DRAM (recompute when DRAM is
     full or they have no KV), and a step that starts with any request swapped out resumes them
-    first, in arrival order, and admits nobody new. A rotated-out victim's blocks are only free
-    after its D2H copy, so the batch of a step that rotated out is re-packed without them.
+    first, in arrival order, and admits nobody new. The batch of a step that rotated out is
+    re-packed counting none of the rotated-out victims' blocks free (see
+    :func:`_swap_instead_of_recompute`).
     """
     running, waiting, rotary = split_snapshot(snapshot)
     if order_key is not None:
@@ -109,8 +113,9 @@ def _schedule_running(
 
 def _swap_instead_of_recompute(snapshot: Snapshot, plan: Plan) -> None:
     """V0 swap mode: victims with KV go to DRAM while it has room for their unsynced blocks.
-    Their HBM blocks stay taken until the D2H copy completes, so the batch is re-packed with
-    only the recompute victims' blocks freed (a request that needed the rest waits a step)."""
+    The engine drops a victim's synced HBM blocks at once and frees the others when their D2H
+    copy completes; this plan counts none of them: the batch is re-packed with only the
+    recompute victims' blocks freed (a request that needed the rest waits a step)."""
     views = {v.request_id: v for v in snapshot.requests}
     free_dram = snapshot.num_free_dram_blocks
     recompute: list[str] = []
@@ -125,8 +130,16 @@ def _swap_instead_of_recompute(snapshot: Snapshot, plan: Plan) -> None:
     plan.preempt_ids = recompute
     if plan.rotate_out_ids:
         free = snapshot.num_free_hbm_blocks + sum(views[r].num_blocks_hbm for r in recompute)
-        batch = [views[chunk.request_id] for chunk in plan.schedule]
-        plan.schedule = pack_schedule(batch, snapshot, free)
+        batch = columns_from_views([views[chunk.request_id] for chunk in plan.schedule])
+        rows, tokens = pack_columns(
+            batch,
+            np.arange(len(batch)),
+            snapshot.block_size,
+            snapshot.max_num_batched_tokens,
+            snapshot.max_num_seqs,
+            free,
+        )
+        plan.schedule = make_chunks(pick_ids(batch.request_ids, rows), tokens)
 
 
 def _resume_rotary(
@@ -140,7 +153,7 @@ def _resume_rotary(
     for view in sorted(rotary, key=arrival_key):
         if view.num_blocks_hbm:
             continue
-        blocks = demand_blocks(view, snapshot.block_size)
+        blocks = candidate_blocks(view.num_tokens, view.num_blocks_hbm, False, snapshot.block_size)
         if blocks > free or seats <= 0:
             break
         plan.resume_ids.append(view.request_id)

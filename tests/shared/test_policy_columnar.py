@@ -1,6 +1,6 @@
 """LVF over columns (shared/policy/lvf.py) makes the same plans with and without the wire in
 between, cut into scan segments or not; its building blocks agree with their
-one-request-at-a-time counterparts."""
+one-request-at-a-time references (tests/shared/policy_reference.py)."""
 
 from __future__ import annotations
 
@@ -25,16 +25,15 @@ from shared.policy import (
     columnar_from_snapshot,
     columns_from_views,
     make_plan,
-    vlt,
 )
 from shared.policy import lvf as lvf_module
 from shared.policy.columns import ColumnarSnapshot, HandleIds, pick_ids, views_from_columns
-from shared.policy.common import pack_schedule
 from shared.policy.lvf import lvf, lvf_transitions
 from shared.policy.packing import greedy_take, pack_columns
 from shared.policy.vlt import vlt_array
 from shared.protocol import StateSnapshot, decode, encode
 from shared.protocol.convert import columns_from_table, table_from_columns
+from tests.shared.policy_reference import pack_schedule, vlt
 from tests.shared.test_policy_properties import knobs_strategy, snapshots
 
 STATES = (RequestState.RUNNING, RequestState.WAITING, RequestState.ROTARY)

@@ -16,8 +16,9 @@ from shared.policy import (
     columnar_from_snapshot,
     make_plan,
 )
-from shared.policy.common import growth_blocks, make_chunk, pack_schedule
+from shared.policy.common import make_chunk
 from shared.policy.types import ScheduledChunk
+from tests.shared.policy_reference import pack_schedule, reference_growth
 from tests.shared.policy_views import (
     BS,
     LVF,
@@ -51,7 +52,7 @@ def at_block_boundary(rid: str, blocks: int, t_last: float | None = None) -> Req
 def test_fcfs_fallback_when_free_hbm_after_growth_covers_waiting_and_rotary() -> None:
     # x decodes at a block boundary: its next token needs a new block (growth 1)
     x = at_block_boundary("x", 2)
-    assert growth_blocks(x, snap(x, free=0)) == 1
+    assert reference_growth(snap(x, free=0)) == {"x": 1}
     late = waiting("late", t_arr=5.0, blocks=3, seq=2)
     early = rotary("early", t_last=4.0, blocks=3, seq=1)
     enough = snap(x, late, early, free=7, xfer=100)  # 7 - 1 >= 3 + 3

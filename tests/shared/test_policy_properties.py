@@ -1,16 +1,19 @@
 """Every policy's plan is executable by the engine, on random snapshots (hypothesis).
 
 The block invariant mirrors data_plane/engine/engine.py: preemptions free their HBM blocks
-before anything is allocated; rotations out keep theirs until the D2H copy completes (not
-free this iteration); each resume allocates the HBM its KV is copied into (at most blk(r),
-SUPERINFER.md §4) before the batch's chunks allocate, in schedule order. So the batch's new
-blocks plus the resumes' blocks must fit in the free HBM plus the preempted requests' blocks.
+before anything is allocated; rotations out drop their synced HBM blocks at once and keep
+the others until their D2H copy completes; each resume allocates the HBM its KV is copied
+into (at most blk(r), SUPERINFER.md §4) before the batch's chunks allocate, in schedule
+order. So the batch's new blocks plus the resumes' blocks must fit in the free HBM plus the
+preempted requests' blocks plus the victims' synced ones. The product's one blk(r) and growth
+are held to their references (tests/shared/policy_reference.py) here too.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,11 +24,13 @@ from shared.policy import (
     RequestState,
     RequestView,
     Snapshot,
+    columnar_from_snapshot,
+    columns_from_views,
     make_plan,
-    vlt,
 )
-from shared.policy.common import blocks_for, demand_blocks, num_pending_tokens
-from shared.policy.vlt import vlt_scores
+from shared.policy.columns import RUNNING_CODE, WAITING_CODE
+from shared.policy.joining import candidate_blocks, running_growth
+from tests.shared.policy_reference import blocks_for, demand_blocks, reference_growth, vlt
 
 T_NOW = 50.0
 STATES = (RequestState.RUNNING, RequestState.WAITING, RequestState.ROTARY)
@@ -152,30 +157,6 @@ def check_blocks(snapshot: Snapshot, plan: Plan) -> None:
         for rid in plan.rotate_out_ids
     )
     assert dram <= snapshot.num_free_dram_blocks
-
-
-def reference_growth(snapshot: Snapshot) -> dict[str, int]:
-    """Each running request's new blocks this step, as the batch packs them: decodes first
-    (a block at a block boundary), then prefills in running order sharing what the decodes
-    leave of the token budget and the seats (written from the docs, loop by loop)."""
-    bs = snapshot.block_size
-    running = [v for v in snapshot.requests if v.state is RequestState.RUNNING and v.resident]
-    decodes = [v for v in running if v.num_computed_tokens > 0 and num_pending_tokens(v) == 1]
-    growth = {
-        v.request_id: max(0, v.num_computed_tokens // bs + 1 - v.num_blocks_hbm) for v in decodes
-    }
-    budget = snapshot.max_num_batched_tokens - len(decodes)
-    seats = snapshot.max_num_seqs - len(decodes)
-    for view in running:
-        if view.request_id in growth or num_pending_tokens(view) <= 0:
-            continue
-        num_new = max(0, min(num_pending_tokens(view), budget)) if seats > 0 else 0
-        budget, seats = budget - num_new, seats - 1
-        end = view.num_computed_tokens + num_new
-        growth[view.request_id] = (
-            max(0, blocks_for(end, bs) - view.num_blocks_hbm) if num_new else 0
-        )
-    return growth
 
 
 def freed_now(view: RequestView) -> int:
@@ -331,11 +312,33 @@ def test_every_policy_makes_an_executable_plan(snapshot: Snapshot, knobs: Knobs)
 
 @settings(max_examples=200, deadline=None)
 @given(snapshot=snapshots(), knobs=knobs_strategy)
-def test_vlt_scores_agree_with_vlt(snapshot: Snapshot, knobs: Knobs) -> None:
-    views = list(snapshot.requests)
-    assert vlt_scores(views, snapshot.t_now_s, knobs) == [
-        vlt(v, snapshot.t_now_s, knobs) for v in views
-    ]
-    for view in views:
+def test_vlt_is_signed_by_state(snapshot: Snapshot, knobs: Knobs) -> None:
+    for view in snapshot.requests:
         score = vlt(view, snapshot.t_now_s, knobs)
         assert score <= 0 if view.state is RequestState.RUNNING else score >= 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(snapshot=snapshots())
+def test_candidate_blocks_is_blk_of_every_waiting_and_rotary_request(snapshot: Snapshot) -> None:
+    bs = snapshot.block_size
+    columns = columns_from_views(snapshot.requests)
+    waiting = columns.states == WAITING_CODE
+    blk = candidate_blocks(columns.num_tokens, columns.num_blocks_hbm, waiting, bs)
+    for view, got in zip(snapshot.requests, blk.tolist(), strict=True):
+        if view.state is RequestState.RUNNING:
+            continue
+        assert got == demand_blocks(view, bs)
+        is_waiting = view.state is RequestState.WAITING
+        assert candidate_blocks(view.num_tokens, view.num_blocks_hbm, is_waiting, bs) == got
+
+
+@settings(max_examples=300, deadline=None)
+@given(snapshot=snapshots())
+def test_running_growth_is_the_reference_growth(snapshot: Snapshot) -> None:
+    columnar = columnar_from_snapshot(snapshot)
+    running = np.flatnonzero(columnar.requests.states == RUNNING_CODE)
+    growth = running_growth(columnar, running).tolist()
+    expected = reference_growth(snapshot)
+    for row, got in zip(running.tolist(), growth, strict=True):
+        assert got == expected.get(snapshot.requests[row].request_id, 0)

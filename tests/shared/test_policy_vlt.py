@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.policy import Knobs, RequestState, RequestView, make_plan, vlt
-from shared.policy.vlt import vlt_scores
+from shared.policy import Knobs, RequestState, RequestView, columns_from_views, make_plan, vlt_array
+from tests.shared.policy_reference import vlt
 from tests.shared.policy_views import (
     LVF,
     T_NOW,
@@ -53,7 +53,7 @@ def test_vlt_running_falls_with_time_in_running() -> None:
     assert vlt(fresh, 10.0, LVF) == pytest.approx(-3.0)  # t_run falls back to t_arr
 
 
-def test_vlt_scores_match_vlt_bit_for_bit() -> None:
+def test_vlt_array_matches_vlt_bit_for_bit() -> None:
     views = [
         waiting("w1", t_arr=0.3),
         waiting("w2", t_arr=9.9),
@@ -64,7 +64,8 @@ def test_vlt_scores_match_vlt_bit_for_bit() -> None:
         RequestView("x2", RequestState.RUNNING, t_arr_s=2.0, num_tokens=3),
     ]
     for knobs in (LVF, Knobs(alpha=0.7, beta_b=-1.5, beta_f=1.3, slo_ttft_s=3.0)):
-        assert vlt_scores(views, T_NOW, knobs) == [vlt(v, T_NOW, knobs) for v in views]
+        scores = vlt_array(columns_from_views(views), T_NOW, knobs).tolist()
+        assert scores == [vlt(v, T_NOW, knobs) for v in views]
 
 
 def test_knobs_reject_invalid_values() -> None:
