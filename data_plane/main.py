@@ -7,7 +7,6 @@ import contextlib
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry
@@ -129,8 +128,12 @@ class WorkerCollector(Collector):
         requests = GaugeMetricFamily(
             "superinfer_worker_requests", "requests by state", labels=[*labels, "state"]
         )
-        for name in ("running", "waiting", "rotary"):
-            requests.add_metric([*wid, name], float(len(getattr(engine, name, ()))))
+        for name, num in (
+            ("running", len(engine.running)),
+            ("waiting", len(engine.waiting)),
+            ("rotary", len(engine.rotary)),
+        ):
+            requests.add_metric([*wid, name], float(num))
         yield requests
         blocks = GaugeMetricFamily(
             "superinfer_worker_kv_blocks", "KV blocks per tier", labels=[*labels, "tier"]
@@ -138,11 +141,13 @@ class WorkerCollector(Collector):
         free = GaugeMetricFamily(
             "superinfer_worker_kv_free_blocks", "free KV blocks per tier", labels=[*labels, "tier"]
         )
-        for tier in ("hbm", "dram"):
-            pool: Any = getattr(engine.kv, tier, None)
-            if pool is not None:
-                blocks.add_metric([*wid, tier], float(pool.num_blocks))
-                free.add_metric([*wid, tier], float(pool.num_free))
+        kv = engine.kv.stats()
+        for tier, num_blocks, num_free in (
+            ("hbm", kv.num_hbm_blocks, kv.num_free_hbm_blocks),
+            ("dram", kv.num_dram_blocks, kv.num_free_dram_blocks),
+        ):
+            blocks.add_metric([*wid, tier], float(num_blocks))
+            free.add_metric([*wid, tier], float(num_free))
         yield blocks
         yield free
         residency = GaugeMetricFamily(

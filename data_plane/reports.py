@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from data_plane.engine.engine import Engine, StepResult
-from data_plane.kv.manager import KVCacheManager
+from data_plane.kv.tiered import KVCacheManager
 from shared.policy import RequestColumns, columns_from_views
 from shared.policy.columns import WAITING_CODE, pick_ids
 from shared.protocol import StateSnapshot, WorkerStatus
@@ -41,13 +41,9 @@ def state_snapshot(
         requests = snapshot.requests
         columns = requests if isinstance(requests, RequestColumns) else columns_from_views(requests)
     synced = np.zeros(len(columns), np.int64)  # a waiting request holds no blocks
-    tables = kv.tables
     holding = np.flatnonzero(columns.states != WAITING_CODE)
-    synced[holding] = [
-        table.num_synced if (table := tables.get(rid)) else 0
-        for rid in pick_ids(columns.request_ids, holding)
-    ]
-    dram = getattr(kv, "dram", None)
+    synced[holding] = kv.num_synced_blocks(pick_ids(columns.request_ids, holding))
+    stats = kv.stats()
     arrays = arrays_from_columns(columns, synced)
     if deltas is None:
         encoded = EncodedRequests(table_from_arrays(arrays), None)
@@ -62,15 +58,15 @@ def state_snapshot(
         delta=encoded.delta,
         num_free_hbm_blocks=snapshot.num_free_hbm_blocks,
         num_free_dram_blocks=snapshot.num_free_dram_blocks,
-        num_hbm_blocks=kv.hbm.num_blocks,
-        num_dram_blocks=dram.num_blocks if dram is not None else 0,
+        num_hbm_blocks=stats.num_hbm_blocks,
+        num_dram_blocks=stats.num_dram_blocks,
         block_size=snapshot.block_size,
         block_bytes=identity.block_bytes,
         max_num_batched_tokens=snapshot.max_num_batched_tokens,
         max_num_seqs=snapshot.max_num_seqs,
         b_xfer_blocks=snapshot.b_xfer_blocks,
         iteration_time_s=iteration_time_s,
-        link_bytes_per_s=kv.link_bytes_per_s,  # measured by the transfer engine; 0 until then
+        link_bytes_per_s=stats.link_bytes_per_s,  # measured by the transfer engine; 0 until then
         plan_source=plan_source,
     )
 
@@ -89,8 +85,7 @@ def worker_status(
 ) -> WorkerStatus:
     """The worker's health and load: queues, KV usage per tier, plan source, counters."""
     kv = engine.kv
-    stats = getattr(kv, "tiered_stats", None)
-    dram = getattr(kv, "dram", None)
+    stats = kv.stats()
     block_bytes = identity.block_bytes
     return WorkerStatus(
         worker_id=identity.worker_id,
@@ -102,10 +97,10 @@ def worker_status(
         num_waiting=len(engine.waiting),
         num_rotary=len(engine.rotary),
         num_waiting_tokens=sum(len(r.prompt_token_ids) for r in engine.waiting),
-        num_hbm_blocks=kv.hbm.num_blocks,
-        num_free_hbm_blocks=kv.hbm.num_free,
-        num_dram_blocks=dram.num_blocks if dram is not None else 0,
-        num_free_dram_blocks=dram.num_free if dram is not None else 0,
+        num_hbm_blocks=stats.num_hbm_blocks,
+        num_free_hbm_blocks=stats.num_free_hbm_blocks,
+        num_dram_blocks=stats.num_dram_blocks,
+        num_free_dram_blocks=stats.num_free_dram_blocks,
         max_num_batched_tokens=engine.max_num_batched_tokens,
         iteration_time_s=mean_iteration_s,
         plan_source=plan_source,
@@ -115,11 +110,11 @@ def worker_status(
         num_preemptions=engine.stats.num_preemptions,
         num_rotations_out=engine.stats.num_rotations_out,
         num_rotations_in=engine.stats.num_rotations_in,
-        bytes_h2d=stats.blocks_loaded * block_bytes if stats else 0,
-        bytes_d2h=(stats.blocks_synced + stats.blocks_evicted) * block_bytes if stats else 0,
-        num_prefix_queried_tokens=kv.prefix_counters.num_queried_tokens,
-        num_prefix_hbm_hit_tokens=kv.prefix_counters.num_hbm_hit_tokens,
-        num_prefix_dram_hit_tokens=kv.prefix_counters.num_dram_hit_tokens,
-        num_cached_hbm_blocks=kv.hbm.num_cached,
-        num_cached_dram_blocks=dram.num_cached if dram is not None else 0,
+        bytes_h2d=stats.num_blocks_loaded * block_bytes,
+        bytes_d2h=stats.num_blocks_stored * block_bytes,
+        num_prefix_queried_tokens=stats.prefix.num_queried_tokens,
+        num_prefix_hbm_hit_tokens=stats.prefix.num_hbm_hit_tokens,
+        num_prefix_dram_hit_tokens=stats.prefix.num_dram_hit_tokens,
+        num_cached_hbm_blocks=stats.num_cached_hbm_blocks,
+        num_cached_dram_blocks=stats.num_cached_dram_blocks,
     )

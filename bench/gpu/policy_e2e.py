@@ -47,8 +47,7 @@ from data_plane.engine.request import RequestError  # noqa: E402
 from data_plane.engine.sampling import SamplingParams  # noqa: E402
 from data_plane.kv.geometry import KVGeometry  # noqa: E402
 from data_plane.kv.host_pool import allocate_host_pool, cuda_host_register  # noqa: E402
-from data_plane.kv.manager import KVCacheManager  # noqa: E402
-from data_plane.kv.tiered import TieredKVCacheManager  # noqa: E402
+from data_plane.kv.tiered import KVCacheManager  # noqa: E402
 from data_plane.transfer import make_transfer_engine  # noqa: E402
 from lab.costmodel import auto_b_xfer_blocks, load_profile  # noqa: E402
 from lab.metrics import RequestTimeline, slo_fields, summarize  # noqa: E402
@@ -97,12 +96,12 @@ class Pools:
         knobs = Knobs(policy=policy, slo_ttft_s=args.slo_ttft, slo_tbt_s=args.slo_tbt, b_xfer=None)
         kv: KVCacheManager
         if policy == "vllm" or self.num_dram == 0:
-            kv = KVCacheManager(self.num_hbm, BLOCK_SIZE)
+            kv = KVCacheManager.hbm_only(self.num_hbm, BLOCK_SIZE)
         else:
             backend = "cuda" if self.device == "cuda" else "cpu"
             transfer = make_transfer_engine(backend, self.hbm, self.dram)
             first = auto_b_xfer_blocks(self.profile, 0.03, self.geometry.block_bytes)
-            kv = TieredKVCacheManager(
+            kv = KVCacheManager(
                 self.num_hbm, self.num_dram, BLOCK_SIZE, transfer, b_xfer_blocks=first
             )
         return Engine(
@@ -142,7 +141,7 @@ def replay(pools: Pools, engine: Engine, trace: list[TraceRequest], horizon_s: f
         t_step = time.perf_counter()
         outputs = engine.step().outputs
         stamp = time.monotonic() - t0
-        if isinstance(engine.kv, TieredKVCacheManager):  # B_xfer auto, as the simulator does
+        if engine.kv.has_dram:  # B_xfer auto, as the simulator does
             step_s = time.perf_counter() - t_step
             block_bytes = pools.geometry.block_bytes
             engine.kv.b_xfer_blocks = auto_b_xfer_blocks(pools.profile, step_s, block_bytes)
@@ -175,7 +174,7 @@ def run_one(
         mean_step_ms=1e3 * stats.step_time_s / max(1, stats.num_iterations),
         model_share=stats.model_time_s / max(1e-9, stats.step_time_s),
     )
-    if isinstance(kv, TieredKVCacheManager):
+    if kv.has_dram:
         kv.drain()
         row.update(
             bytes_h2d=kv.transfer.stats.bytes_h2d,

@@ -10,9 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
 
 from data_plane.engine.executor import BatchItem, Executor
 from data_plane.engine.output import check_stop
@@ -20,8 +17,7 @@ from data_plane.engine.prefix_watch import PrefixWatch
 from data_plane.engine.queues import RequestQueue
 from data_plane.engine.request import FinishReason, Request, RequestError, RequestOutput
 from data_plane.engine.sampling import SamplingParams
-from data_plane.kv.manager import KVCacheManager
-from data_plane.kv.prefix_cache import ROOT_KEY, block_keys
+from data_plane.kv.tiered import KVCacheManager
 from shared.policy import (
     ColumnarSnapshot,
     Plan,
@@ -87,7 +83,7 @@ class Engine:
         self.max_num_seqs = max_num_seqs
         # a request's KV must fit the HBM pool to run at all: one that grew past it could
         # never come back from DRAM (and, rotary at the head of L, would hold the room forever)
-        self.max_model_len = min(max_model_len, kv.hbm.num_blocks * kv.block_size + 1)
+        self.max_model_len = min(max_model_len, kv.num_hbm_blocks * kv.block_size + 1)
         self.eos_token_ids = eos_token_ids
         self.tokenizer = tokenizer
         self.clock = clock
@@ -131,9 +127,9 @@ class Engine:
         ):
             raise RequestError(f"prompt token ids must be in 0..{self.vocab_size - 1}")
         needed = self.kv.blocks_for(len(prompt_token_ids) + 1)
-        if needed > self.kv.hbm.num_blocks:
+        if needed > self.kv.num_hbm_blocks:
             raise RequestError(
-                f"prompt needs {needed} KV blocks; the HBM pool has {self.kv.hbm.num_blocks}"
+                f"prompt needs {needed} KV blocks; the HBM pool has {self.kv.num_hbm_blocks}"
             )
         self._arrival_seq += 1
         request = Request(
@@ -146,8 +142,7 @@ class Engine:
             slo_ttft_s=slo_ttft_s,
             slo_tbt_s=slo_tbt_s,
         )
-        if self.kv.prefix_caching:
-            request.block_keys = block_keys(request.prompt_token_ids, self.kv.block_size)
+        request.block_keys = self.kv.prefix_keys(request.prompt_token_ids)
         self.requests[request_id] = request
         self.waiting.append(request)
         return request
@@ -240,25 +235,13 @@ class Engine:
         if self.waiting:
             parts.append(self.waiting.column_arrays())
         if self.rotary:
-            parts.append(self.rotary.column_arrays(self._rotary_counts()))
+            rotary_columns = self.kv.rotary_columns(self.rotary.request_ids())
+            parts.append(self.rotary.column_arrays(rotary_columns))
         return concat_column_arrays(parts)
-
-    def _rotary_counts(self) -> dict[str, Any]:
-        """What changes while a request is rotary: blocks per tier as its copies complete,
-        and residency."""
-        tables, is_resident = self.kv.tables, self.kv.is_resident
-        request_ids = self.rotary.request_ids()
-        num = len(request_ids)
-        rows = [tables.get(rid) for rid in request_ids]
-        return {
-            "num_blocks_hbm": np.fromiter((t.num_hbm if t else 0 for t in rows), np.int64, num),
-            "num_blocks_dram": np.fromiter((t.num_dram if t else 0 for t in rows), np.int64, num),
-            "resident": np.fromiter(map(is_resident, request_ids), np.bool_, num),
-        }
 
     def _snapshot_counts(self) -> dict[str, int]:
         return {
-            "num_free_hbm_blocks": self.kv.hbm.num_free,
+            "num_free_hbm_blocks": self.kv.num_free_hbm_blocks,
             "num_free_dram_blocks": self.kv.num_free_dram_blocks,
             "block_size": self.kv.block_size,
             "max_num_batched_tokens": self.max_num_batched_tokens,
@@ -300,8 +283,7 @@ class Engine:
         its block table's."""
         rid = r.request_id
         if num_computed is None:
-            table = self.kv.tables.get(rid)
-            num_hbm, num_dram = (table.num_hbm, table.num_dram) if table else (0, 0)
+            num_hbm, num_dram = self.kv.block_counts(rid)
             num_computed = r.num_computed_tokens
         return _new_view(
             RequestView,
@@ -476,9 +458,7 @@ class Engine:
             self.kv.on_computed(request.request_id, num_computed)
             return
         tokens, keys = request.all_token_ids, request.block_keys
-        if num_computed // bs > len(keys):  # generated tokens filled a block
-            parent = keys[-1] if keys else ROOT_KEY
-            keys.extend(block_keys(tokens[:num_computed], bs, len(keys), parent))
+        self.kv.extend_prefix_keys(keys, tokens, num_computed)  # generated tokens filled one
         self.kv.on_computed(request.request_id, num_computed, tokens, keys)
 
     def _finish(self, request: Request, reason: FinishReason) -> None:

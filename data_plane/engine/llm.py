@@ -23,8 +23,7 @@ from data_plane.kv.host_pool import (
     cuda_host_register,
     cuda_host_unregister,
 )
-from data_plane.kv.manager import KVCacheManager
-from data_plane.kv.tiered import TieredKVCacheManager
+from data_plane.kv.tiered import KVCacheManager
 from data_plane.models.loader import LoadedModel
 from data_plane.transfer import make_transfer_engine
 from shared.policy import Knobs, make_plan
@@ -108,7 +107,7 @@ def build_kv_manager(
     if num_dram is None:
         num_dram = geometry.blocks_in(config.dram_kv_gib)
     if num_dram == 0:
-        return KVCacheManager(hbm.shape[0], config.block_size, config.prefix_caching)
+        return KVCacheManager.hbm_only(hbm.shape[0], config.block_size, config.prefix_caching)
     pinner = None
     num_ready = num_dram
     if not hbm.is_cuda:
@@ -121,7 +120,7 @@ def build_kv_manager(
         pinner.start()
     transfer = make_transfer_engine(config.transfer_backend, hbm, dram)
     b_xfer = knobs.b_xfer if knobs.b_xfer is not None else DEFAULT_B_XFER_BLOCKS
-    return TieredKVCacheManager(
+    return KVCacheManager(
         hbm.shape[0],
         num_dram,
         config.block_size,

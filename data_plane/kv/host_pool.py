@@ -3,7 +3,7 @@
 Pinning is slow (1.7 GB/s measured on the H200 host, ANCHORS.md): a 400 GB pool would stall
 start-up for minutes. The pool tensor is allocated pageable, the first chunk is pinned before
 serving starts, and a background thread pins the rest chunk by chunk (``cudaHostRegister``).
-The engine thread picks up progress in :meth:`TieredKVCacheManager.poll`, so only pinned
+The engine thread picks up progress in :meth:`KVCacheManager.poll`, so only pinned
 blocks are ever handed to the DMA engines.
 """
 

@@ -1,4 +1,5 @@
-"""Per-request block tables over the HBM pool (and, with DuplexKV, the DRAM pool)."""
+"""Per-request block tables over the HBM pool, HBM's prefix cache and the KV layer's stats
+(the DRAM tier and its copies: :mod:`data_plane.kv.tiered`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from data_plane.kv.prefix_cache import ROOT_KEY, CachingBlockPool
+from data_plane.kv.prefix_cache import ROOT_KEY, CachingBlockPool, block_keys
 
 UNSYNCED, PENDING, SYNCED = 0, 1, 2  # state of a block's DRAM twin
 
@@ -65,44 +66,72 @@ class PrefixCounters:
     num_dram_hit_tokens: int = 0
 
 
-class KVCacheManager:
-    """Single-tier block accounting (HBM only); :class:`TieredKVCacheManager` adds DRAM.
-    With ``prefix_caching`` full blocks are indexed by content and shared
-    (:mod:`data_plane.kv.prefix_cache`)."""
+@dataclass(frozen=True, slots=True)
+class KVStats:
+    """The tiers' sizes and use, the copies done and the prefix caches' counters, as one
+    value (the DRAM fields are zero without a DRAM tier)."""
+
+    num_hbm_blocks: int
+    num_free_hbm_blocks: int
+    num_cached_hbm_blocks: int
+    num_dram_blocks: int
+    num_free_dram_blocks: int
+    num_cached_dram_blocks: int
+    num_blocks_loaded: int  # H2D copies completed (rotate-in and DRAM prefix loads)
+    num_blocks_stored: int  # D2H copies completed (eager syncs and rotate-out evictions)
+    link_bytes_per_s: float  # measured copy bandwidth; 0.0 until measured or without a link
+    prefix: PrefixCounters
+
+
+class BlockTables:
+    """Per-request block tables over the HBM pool, with HBM's prefix cache when
+    ``prefix_caching`` (full blocks indexed by content and shared,
+    :mod:`data_plane.kv.prefix_cache`). The base of :class:`~data_plane.kv.tiered.
+    KVCacheManager`, which adds the DRAM tier and its copies; nothing here is a stand-in."""
 
     def __init__(self, num_hbm_blocks: int, block_size: int, prefix_caching: bool = False) -> None:
         self.hbm = CachingBlockPool(num_hbm_blocks, "hbm", enabled=prefix_caching)
         self.block_size = block_size
         self.tables: dict[str, BlockTable] = {}
-        self.b_xfer_blocks = 0
         self.prefix_caching = prefix_caching
         self.prefix_counters = PrefixCounters()
 
     @property
-    def b_xfer_available(self) -> int:
-        return self.b_xfer_blocks
+    def num_hbm_blocks(self) -> int:
+        return self.hbm.num_blocks
 
     @property
-    def num_free_dram_blocks(self) -> int:
-        return 0
+    def num_free_hbm_blocks(self) -> int:
+        """What an allocation can get now (free and evictable cached blocks)."""
+        return self.hbm.num_free
 
-    @property
-    def link_bytes_per_s(self) -> float:
-        """Measured host-link bandwidth; no link without a DRAM tier."""
-        return 0.0
+    def block_counts(self, request_id: str) -> tuple[int, int]:
+        """(HBM, DRAM) blocks the request holds now."""
+        table = self.tables.get(request_id)
+        return (table.num_hbm, table.num_dram) if table is not None else (0, 0)
 
-    def set_b_xfer_blocks(self, num_blocks: int) -> None:
-        """The transfer budget (B_xfer) for the next iterations; without a DRAM tier nothing
-        moves and it stays 0."""
+    def num_synced_blocks(self, request_ids: Sequence[str]) -> list[int]:
+        """Per request, its blocks whose DRAM copy is current (a rotate-out drops them)."""
+        tables = self.tables
+        return [table.num_synced if (table := tables.get(rid)) else 0 for rid in request_ids]
+
+    # ---- prefix keys ---------------------------------------------------------------------
+    def prefix_keys(self, token_ids: Sequence[int]) -> list[int]:
+        """The keys of the full blocks of a new request's prompt (none without caching)."""
+        return block_keys(token_ids, self.block_size) if self.prefix_caching else []
+
+    def extend_prefix_keys(
+        self, keys: list[int], token_ids: Sequence[int], num_computed_tokens: int
+    ) -> None:
+        """Append to ``keys`` those of the blocks that filled up to ``num_computed_tokens``."""
+        if num_computed_tokens // self.block_size > len(keys):
+            parent = keys[-1] if keys else ROOT_KEY
+            keys.extend(
+                block_keys(token_ids[:num_computed_tokens], self.block_size, len(keys), parent)
+            )
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
-
-    def table(self, request_id: str) -> BlockTable | None:
-        return self.tables.get(request_id)
-
-    def is_resident(self, request_id: str) -> bool:
-        return True
 
     def ensure_hbm(self, request_id: str, num_computed: int, num_tokens: int) -> list[int] | None:
         """Grow the request's HBM blocks to hold ``num_tokens`` (tokens from ``num_computed``
@@ -198,31 +227,3 @@ class KVCacheManager:
                 break
             hits.append(block_id)
         return hits
-
-    def free(self, request_id: str) -> None:
-        table = self.tables.pop(request_id, None)
-        if table is not None:  # tail first: a prefix's last blocks are evicted before its root
-            self.hbm.free([h for h in reversed(table.hbm_ids) if h is not None])
-
-    def rotate_out(self, request_id: str) -> bool:
-        """Park the request's KV in DRAM; False when it cannot (no DRAM tier / room)."""
-        return False
-
-    def rotate_in(self, request_id: str) -> bool:
-        """Start copying a rotary request back; False while HBM is short."""
-        return False
-
-    def close(self) -> None:
-        """Release transfer resources (none without a DRAM tier)."""
-
-    def wait_for_progress(self) -> None:
-        """Block until the oldest in-flight copy completes (nothing else to do)."""
-
-    def after_compute(self) -> None:
-        """Called when an iteration's compute ended (transfer overlap accounting)."""
-
-    def poll(self) -> None:
-        """Retire completed transfers (none without a DRAM tier)."""
-
-    def issue_transfers(self) -> None:
-        """Start this iteration's queued transfers (none without a DRAM tier)."""

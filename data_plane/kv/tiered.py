@@ -1,4 +1,8 @@
-"""Two-tier KV (HBM + host DRAM) with DuplexKV rotation (SUPERINFER.md §2, §5).
+"""The KV cache manager: HBM + host DRAM with DuplexKV rotation (SUPERINFER.md §2, §5).
+
+Without a DRAM tier (:meth:`KVCacheManager.hbm_only`) it is the same manager with an empty DRAM
+pool and no transfer engine: nothing rotates (``rotate_out`` is refused, the policy's budget
+is 0) and every request is resident.
 
 - Eager sync: a block that becomes full is queued for a D2H copy to its DRAM twin and marked
   synced when that copy completes. Only full (immutable) blocks travel D2H in the background.
@@ -18,6 +22,9 @@ import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from data_plane.kv.host_pool import ChunkedPinner
 from data_plane.kv.manager import (
@@ -25,7 +32,8 @@ from data_plane.kv.manager import (
     SYNCED,
     UNSYNCED,
     BlockTable,
-    KVCacheManager,
+    BlockTables,
+    KVStats,
     PrefixHits,
 )
 from data_plane.kv.prefix_cache import ROOT_KEY, CachingBlockPool
@@ -33,6 +41,7 @@ from data_plane.transfer.base import BlockCopy, TransferEngine, TransferHandle
 
 EVICT, SYNC, LOAD = "evict", "sync", "load"
 Content = tuple[int, int, Sequence[int]]  # a full block's (key, parent key, tokens)
+RECENT_ITERATIONS = 1024  # TieredStats.per_iteration_blocks keeps this many
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -67,16 +76,25 @@ class TieredStats:
     num_batches: int = 0
     num_batches_hidden: int = 0  # done by the end of the compute they overlapped
     exposed_transfer_s: float = 0.0
-    per_iteration_blocks: list[int] = field(default_factory=list)
+    # blocks issued in each of the last RECENT_ITERATIONS iterations (a ring: a worker runs
+    # forever); the all-time peak is max_blocks_per_iteration
+    per_iteration_blocks: deque[int] = field(
+        default_factory=lambda: deque(maxlen=RECENT_ITERATIONS)
+    )
 
 
-class TieredKVCacheManager(KVCacheManager):
+class KVCacheManager(BlockTables):
+    """What the engine asks of the KV layer: admit (:meth:`take_prefix`), grow
+    (:meth:`ensure_hbm`), park/unpark (:meth:`rotate_out`/:meth:`rotate_in`), free,
+    :meth:`poll` the copies, per-request counts (:meth:`block_counts`,
+    :meth:`rotary_columns`) and :meth:`stats`."""
+
     def __init__(
         self,
         num_hbm_blocks: int,
         num_dram_blocks: int,
         block_size: int,
-        transfer: TransferEngine,
+        transfer: TransferEngine | None,
         b_xfer_blocks: int,
         eager_sync: bool = True,
         num_dram_blocks_ready: int | None = None,
@@ -88,14 +106,17 @@ class TieredKVCacheManager(KVCacheManager):
         syncs' DRAM copies are indexed as a second level (a prefix evicted from HBM comes back
         by one H2D copy, and a block already in DRAM is not copied again)."""
         super().__init__(num_hbm_blocks, block_size, prefix_caching)
-        if b_xfer_blocks < 1:
-            raise ValueError(f"b_xfer_blocks must be >= 1 with a DRAM tier, got {b_xfer_blocks}")
+        has_dram = num_dram_blocks > 0
+        if has_dram and (transfer is None or b_xfer_blocks < 1):
+            raise ValueError(
+                f"a DRAM tier needs a transfer engine and b_xfer_blocks >= 1, got {b_xfer_blocks}"
+            )
         ready = num_dram_blocks if num_dram_blocks_ready is None else num_dram_blocks_ready
         self.dram = CachingBlockPool(ready, "dram", enabled=prefix_caching and dram_prefix_caching)
         self.num_dram_blocks_total = num_dram_blocks
         self.transfer = transfer
-        self.b_xfer_blocks = b_xfer_blocks
-        self.eager_sync = eager_sync
+        self.b_xfer_blocks = b_xfer_blocks if has_dram else 0
+        self.eager_sync = eager_sync and has_dram
         self.pinner = pinner
         self.tiered_stats = TieredStats()
         self._urgent: deque[_Move] = deque()  # evictions and loads: rotation waits on these
@@ -108,9 +129,49 @@ class TieredKVCacheManager(KVCacheManager):
         self._deferred_hbm: Counter[int] = Counter()
         self._deferred_dram: Counter[int] = Counter()
 
+    @classmethod
+    def hbm_only(
+        cls, num_hbm_blocks: int, block_size: int, prefix_caching: bool = False
+    ) -> KVCacheManager:
+        """One tier: an empty DRAM pool, no transfer engine."""
+        return cls(num_hbm_blocks, 0, block_size, None, 0, prefix_caching=prefix_caching)
+
+    @property
+    def has_dram(self) -> bool:
+        return self.num_dram_blocks_total > 0
+
     @property
     def num_free_dram_blocks(self) -> int:
         return self.dram.num_free
+
+    def table(self, request_id: str) -> BlockTable | None:
+        return self.tables.get(request_id)
+
+    def rotary_columns(self, request_ids: Sequence[str]) -> dict[str, Any]:
+        """What changes while requests are rotary, as columns: blocks per tier as their
+        copies complete, and residency."""
+        num = len(request_ids)
+        rows = [self.tables.get(rid) for rid in request_ids]
+        return {
+            "num_blocks_hbm": np.fromiter((t.num_hbm if t else 0 for t in rows), np.int64, num),
+            "num_blocks_dram": np.fromiter((t.num_dram if t else 0 for t in rows), np.int64, num),
+            "resident": np.fromiter(map(self.is_resident, request_ids), np.bool_, num),
+        }
+
+    def stats(self) -> KVStats:
+        stats, dram = self.tiered_stats, self.dram
+        return KVStats(
+            num_hbm_blocks=self.hbm.num_blocks,
+            num_free_hbm_blocks=self.hbm.num_free,
+            num_cached_hbm_blocks=self.hbm.num_cached,
+            num_dram_blocks=dram.num_blocks,
+            num_free_dram_blocks=dram.num_free,
+            num_cached_dram_blocks=dram.num_cached,
+            num_blocks_loaded=stats.blocks_loaded,
+            num_blocks_stored=stats.blocks_synced + stats.blocks_evicted,
+            link_bytes_per_s=self.link_bytes_per_s,
+            prefix=self.prefix_counters,
+        )
 
     @property
     def num_queued_blocks(self) -> int:
@@ -121,11 +182,12 @@ class TieredKVCacheManager(KVCacheManager):
     def link_bytes_per_s(self) -> float:
         """The transfer engine's measured copy bandwidth (bytes/s, the slower direction over
         its recent batches); 0.0 until a batch completed, or when the engine measures none."""
-        return float(getattr(self.transfer, "link_bytes_per_s", 0.0))
+        return self.transfer.link_bytes_per_s if self.transfer is not None else 0.0
 
     def set_b_xfer_blocks(self, num_blocks: int) -> None:
-        """The per-iteration transfer budget (at least one block: rotation never stalls)."""
-        self.b_xfer_blocks = max(1, num_blocks)
+        """The per-iteration transfer budget (at least one block: rotation never stalls;
+        0 without a DRAM tier: nothing moves)."""
+        self.b_xfer_blocks = max(1, num_blocks) if self.has_dram else 0
 
     @property
     def b_xfer_available(self) -> int:
@@ -244,6 +306,9 @@ class TieredKVCacheManager(KVCacheManager):
 
     # ---- rotation ------------------------------------------------------------------------
     def rotate_out(self, request_id: str) -> bool:
+        """Park the request's KV in DRAM; False when it cannot (no DRAM tier, or no room)."""
+        if not self.has_dram:
+            return False
         table = self.tables.get(request_id)
         if table is None:
             table = self.tables[request_id] = BlockTable()
@@ -277,6 +342,8 @@ class TieredKVCacheManager(KVCacheManager):
         table.num_pending_evict += sum(1 for s in table.sync if s == PENDING)
 
     def rotate_in(self, request_id: str) -> bool:
+        """Start copying a rotary request back; False while HBM is short or its rotate-out
+        is in flight."""
         table = self.tables.get(request_id)
         if table is None:
             return True  # rotated out before it computed anything
@@ -357,6 +424,8 @@ class TieredKVCacheManager(KVCacheManager):
         for move in moves:
             self._busy_hbm[move.hbm_id] += 1
             self._busy_dram[move.dram_id] += 1
+        if self.transfer is None:  # nothing is ever queued without a DRAM tier
+            raise RuntimeError(f"{len(moves)} copies queued without a transfer engine")
         handles = [h for h in self.transfer.submit(h2d, d2h) if h is not None]
         self._in_flight.append(_Batch(moves, handles, time.perf_counter()))
         stats.num_batches += 1
@@ -401,7 +470,8 @@ class TieredKVCacheManager(KVCacheManager):
     def close(self) -> None:
         """Finish every copy, stop the transfer engine and release pinned host memory."""
         self.drain()
-        self.transfer.close()
+        if self.transfer is not None:
+            self.transfer.close()
         if self.pinner is not None:
             self.pinner.close()
 

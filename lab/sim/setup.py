@@ -19,8 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from data_plane.engine.engine import Engine, Planner
-from data_plane.kv.manager import KVCacheManager
-from data_plane.kv.tiered import TieredKVCacheManager
+from data_plane.kv.tiered import KVCacheManager
 from lab.costmodel import (
     CostProfile,
     auto_b_xfer_blocks,
@@ -132,7 +131,7 @@ def build_parts(policy: str, knobs: Knobs, setup: SimSetup) -> SimParts:
     if policy in ROTATING_POLICIES and setup.num_dram_blocks > 0:
         link = DuplexLink(profile) if setup.transfer == "duplex" else naive_link(profile)
         transfer = SimulatedTransferEngine(clock, link, setup.block_bytes)
-        kv = TieredKVCacheManager(
+        kv = KVCacheManager(
             setup.num_hbm_blocks,
             setup.num_dram_blocks,
             profile.block_size_tokens,
@@ -144,7 +143,7 @@ def build_parts(policy: str, knobs: Knobs, setup: SimSetup) -> SimParts:
         )
     else:
         caching = setup.prefix_caching != "off"
-        kv = KVCacheManager(setup.num_hbm_blocks, profile.block_size_tokens, caching)
+        kv = KVCacheManager.hbm_only(setup.num_hbm_blocks, profile.block_size_tokens, caching)
     executor = SimulatedExecutor(clock, profile, copies=transfer)
     plan_knobs = dataclasses.replace(knobs, policy=policy, b_xfer=None if auto_profile else b_xfer)
     controller = ResidencyController(value_s=plan_knobs.min_residency_s)

@@ -1,7 +1,7 @@
 """Run the real engine, KV managers and policies over a request trace in virtual time.
 
 Nothing is faked above the executor and the transfer engine: :class:`Engine` plans with
-``shared.policy.make_plan``, the :class:`TieredKVCacheManager` does DuplexKV's bookkeeping
+``shared.policy.make_plan``, the :class:`KVCacheManager` does DuplexKV's bookkeeping
 (eager sync, rotate out/in, the ``b_xfer_blocks`` budget), and only the model
 (:class:`SimulatedExecutor`) and the copies (:class:`SimulatedTransferEngine`) are replaced by
 the cost model. Every step first pays the policy's planning time on the virtual clock
@@ -24,7 +24,6 @@ from typing import Any
 
 from data_plane.engine.request import RequestError
 from data_plane.engine.sampling import SamplingParams
-from data_plane.kv.tiered import TieredKVCacheManager
 from lab.costmodel import CostProfile, auto_b_xfer_blocks
 from lab.metrics import ROW_KEYS as ROW_KEYS  # the row's keys, shared with `superinfer bench`
 from lab.metrics import RequestTimeline, slo_fields, summarize
@@ -154,7 +153,7 @@ def prompt_tokens(index: int, request: TraceRequest, num_tokens: int) -> list[in
 
 def _inject(parts: SimParts, index: int, request: TraceRequest, result: SimResult) -> None:
     engine = parts.engine
-    capacity = engine.kv.hbm.num_blocks * engine.kv.block_size
+    capacity = engine.kv.num_hbm_blocks * engine.kv.block_size
     prompt, output = _fit(request, capacity)
     if (prompt, output) != (request.input_len, request.output_len):
         result.num_clipped += 1
@@ -233,7 +232,7 @@ def _stall(
         raise SimulationStuck(
             f"no progress for {stalled_s:.0f} virtual s at t={clock.now:.3f}: "
             f"{len(engine.running)} running, {len(engine.waiting)} waiting, "
-            f"{len(engine.rotary)} rotary, {engine.kv.hbm.num_free} free HBM blocks"
+            f"{len(engine.rotary)} rotary, {engine.kv.num_free_hbm_blocks} free HBM blocks"
         )
     return stalled_s
 
@@ -258,13 +257,13 @@ def _finish(parts: SimParts, result: SimResult) -> None:
     result.interference_s = parts.executor.interference_s
     result.plan_s = parts.planner.plan_s
     exposed = parts.transfer.exposed_transfer_s if parts.transfer else 0.0
-    if isinstance(kv, TieredKVCacheManager):
-        result.max_blocks_per_iteration = kv.tiered_stats.max_blocks_per_iteration
-        kv.drain()
-        result.leaked_dram_blocks = kv.dram.num_blocks - kv.dram.num_free
+    result.max_blocks_per_iteration = kv.tiered_stats.max_blocks_per_iteration
+    kv.drain()
     if parts.transfer is not None:
         parts.transfer.exposed_transfer_s = exposed
-    result.leaked_hbm_blocks = kv.hbm.num_blocks - kv.hbm.num_free
+    stats = kv.stats()
+    result.leaked_hbm_blocks = stats.num_hbm_blocks - stats.num_free_hbm_blocks
+    result.leaked_dram_blocks = stats.num_dram_blocks - stats.num_free_dram_blocks
 
 
 def _row(

@@ -16,7 +16,7 @@ from data_plane.engine.config import EngineConfig
 from data_plane.engine.llm import build_engine, generate
 from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.geometry import KVGeometry
-from data_plane.kv.tiered import TieredKVCacheManager
+from data_plane.kv.tiered import KVCacheManager
 from data_plane.models import load_model
 from data_plane.transfer.base import BlockCopy
 from data_plane.transfer.cpu import CpuTransferEngine
@@ -127,7 +127,7 @@ def test_lossless_rotation_random_schedules(
         engine, tokens = _rotating_run(loaded, seed, p_out, p_hold, b_xfer)
         assert tokens == reference
         kv = engine.kv
-        assert isinstance(kv, TieredKVCacheManager)
+        assert kv.has_dram
         assert kv.hbm.num_free == kv.hbm.num_blocks and kv.dram.num_free == kv.dram.num_blocks
         assert kv.tiered_stats.max_blocks_per_iteration <= b_xfer
         check.rotations += engine.stats.num_rotations_out
@@ -144,10 +144,10 @@ def _manager(num_hbm: int = 16, num_dram: int = 16, b_xfer: int = 64, transfer=N
     hbm = torch.randn(num_hbm, *geometry.block_shape)
     dram = torch.zeros(num_dram, *geometry.block_shape)
     transfer = transfer or CpuTransferEngine(hbm, dram)
-    return TieredKVCacheManager(num_hbm, num_dram, BS, transfer, b_xfer_blocks=b_xfer), hbm, dram
+    return KVCacheManager(num_hbm, num_dram, BS, transfer, b_xfer_blocks=b_xfer), hbm, dram
 
 
-def _fill(kv: TieredKVCacheManager, request_id: str, num_tokens: int) -> list[int]:
+def _fill(kv: KVCacheManager, request_id: str, num_tokens: int) -> list[int]:
     ids = kv.ensure_hbm(request_id, 0, num_tokens)
     assert ids is not None
     kv.on_computed(request_id, num_tokens)
@@ -276,7 +276,7 @@ def test_dram_pool_grows_as_chunks_are_pinned() -> None:
     )
     ready = pinner.pin_first_chunk()
     pinner.start()
-    kv = TieredKVCacheManager(
+    kv = KVCacheManager(
         8,
         12,
         BS,

@@ -13,7 +13,6 @@ import torch
 from data_plane.engine.config import EngineConfig
 from data_plane.engine.llm import build_engine, generate
 from data_plane.engine.sampling import SamplingParams, SamplingRow
-from data_plane.kv.tiered import TieredKVCacheManager
 from data_plane.models import load_model
 from shared.policy import Knobs
 from tests.conftest import STORIES_REFERENCE_TOKENS
@@ -47,7 +46,7 @@ def _run(loaded, config: EngineConfig, planner=None) -> tuple[object, list[list[
     prompts = _prompts(loaded.tokenizer)
     params = [SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)] * len(prompts)
     results = generate(engine, prompts, params)
-    if isinstance(engine.kv, TieredKVCacheManager):
+    if engine.kv.has_dram:
         engine.kv.drain()
     engine.close()
     return engine, [r.token_ids for r in results]

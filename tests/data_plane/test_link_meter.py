@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from data_plane.kv.tiered import TieredKVCacheManager
+from data_plane.kv.tiered import KVCacheManager
 from data_plane.service import Worker
 from data_plane.transfer.base import D2H, H2D, BlockCopy, LinkMeter, TransferEngine
 from data_plane.transfer.cpu import CpuTransferEngine
@@ -119,7 +119,7 @@ def test_an_engine_without_a_meter_reports_zero() -> None:
 
 def test_tiered_kv_exposes_the_measured_rate() -> None:
     hbm, dram = _pools()
-    kv = TieredKVCacheManager(NUM_BLOCKS, NUM_BLOCKS, 16, CpuTransferEngine(hbm, dram), 32)
+    kv = KVCacheManager(NUM_BLOCKS, NUM_BLOCKS, 16, CpuTransferEngine(hbm, dram), 32)
     assert kv.link_bytes_per_s == 0.0
     assert kv.ensure_hbm("r", 0, 16 * 6) is not None  # six full blocks
     kv.on_computed("r", 16 * 6)  # queued for eager sync (D2H)
@@ -128,7 +128,7 @@ def test_tiered_kv_exposes_the_measured_rate() -> None:
     assert kv.tiered_stats.blocks_synced == 6
     assert kv.link_bytes_per_s == kv.transfer.meter.bytes_per_s(D2H) > 0
     kv.close()
-    no_meter = TieredKVCacheManager(8, 8, 16, object(), 4)  # type: ignore[arg-type]
+    no_meter = KVCacheManager.hbm_only(8, 16)  # no link: nothing measured
     assert no_meter.link_bytes_per_s == 0.0
 
 
@@ -147,7 +147,7 @@ def test_measured_b_xfer_blocks() -> None:
             b_xfer_blocks_at_rate(*bad)
 
 
-def _worker(kv: TieredKVCacheManager, source: str, b_xfer: int | None) -> SimpleNamespace:
+def _worker(kv: KVCacheManager, source: str, b_xfer: int | None) -> SimpleNamespace:
     return SimpleNamespace(
         engine=SimpleNamespace(kv=kv),
         planner=SimpleNamespace(source=source, knobs=Knobs(b_xfer=b_xfer)),
@@ -157,7 +157,7 @@ def _worker(kv: TieredKVCacheManager, source: str, b_xfer: int | None) -> Simple
 
 def test_worker_planning_locally_with_auto_uses_the_measured_rate() -> None:
     hbm, dram = _pools()
-    kv = TieredKVCacheManager(NUM_BLOCKS, NUM_BLOCKS, 16, CpuTransferEngine(hbm, dram), 64)
+    kv = KVCacheManager(NUM_BLOCKS, NUM_BLOCKS, 16, CpuTransferEngine(hbm, dram), 64)
     block_bytes = kv.transfer.block_bytes
     Worker._auto_b_xfer(_worker(kv, "local", None), 0.01)  # type: ignore[arg-type]
     assert kv.b_xfer_blocks == 64  # nothing measured yet: keeps its budget

@@ -17,7 +17,6 @@ from data_plane.engine.config import EngineConfig
 from data_plane.engine.engine import Engine
 from data_plane.engine.llm import build_engine
 from data_plane.engine.sampling import SamplingParams
-from data_plane.kv.tiered import TieredKVCacheManager
 from data_plane.models import load_model
 from shared.policy import Knobs
 from tests.data_plane.test_duplexkv import RandomRotations
@@ -67,7 +66,7 @@ def _run(engine: Engine, waves: list[list[list[int]]]) -> list[list[int]]:
                 assert (table.num_hbm, table.num_dram) == table.recount()
         else:
             raise AssertionError(f"no progress: {engine.stats}")
-    if isinstance(engine.kv, TieredKVCacheManager):
+    if engine.kv.has_dram:
         engine.kv.drain()
     return list(tokens.values())
 
@@ -91,7 +90,7 @@ def _assert_nothing_held(engine: Engine) -> None:
     kv = engine.kv
     assert not kv.tables
     assert kv.hbm.num_free == kv.hbm.num_blocks  # cached blocks are evictable, not held
-    if isinstance(kv, TieredKVCacheManager):
+    if kv.has_dram:
         assert kv.dram.num_free == kv.dram.num_blocks
 
 

@@ -18,7 +18,6 @@ from data_plane.engine.config import EngineConfig
 from data_plane.engine.engine import Engine
 from data_plane.engine.llm import build_engine
 from data_plane.engine.sampling import SamplingParams
-from data_plane.kv.tiered import TieredKVCacheManager
 from data_plane.models import load_model
 from shared.policy import Knobs
 
@@ -184,7 +183,7 @@ def test_random_shared_prefix_bursts_never_skip_a_chunk(
                 break
             _step(engine)
         assert not engine.has_unfinished()
-        if isinstance(engine.kv, TieredKVCacheManager):
+        if engine.kv.has_dram:
             engine.kv.drain()
         assert not engine.kv.tables
         check.evicted += engine.kv.hbm.counters.num_evicted_blocks  # type: ignore[attr-defined]

@@ -8,6 +8,7 @@ from functools import partial
 from types import SimpleNamespace
 
 from data_plane.engine.engine import StepResult
+from data_plane.kv.tiered import KVCacheManager
 from data_plane.service import Worker
 from shared.policy import RequestState, RequestView, Snapshot
 from shared.protocol import StateSnapshot, decode
@@ -15,7 +16,7 @@ from shared.protocol.convert import rows_from_table
 
 
 def test_a_snapshot_that_cannot_travel_is_skipped_not_fatal() -> None:
-    kv = SimpleNamespace(tables={}, hbm=SimpleNamespace(num_blocks=8), link_bytes_per_s=0.0)
+    kv = KVCacheManager.hbm_only(8, 4)
     worker = SimpleNamespace(
         engine=SimpleNamespace(kv=kv),
         settings=SimpleNamespace(worker_id="w0"),

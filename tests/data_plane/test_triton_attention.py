@@ -31,7 +31,6 @@ from data_plane.engine.model_runner import (  # noqa: E402
 )
 from data_plane.engine.request import Request  # noqa: E402
 from data_plane.engine.sampling import SamplingParams  # noqa: E402
-from data_plane.kv.tiered import TieredKVCacheManager  # noqa: E402
 from data_plane.models import load_model  # noqa: E402
 from data_plane.models.attention import paged_attention, write_kv  # noqa: E402
 from data_plane.models.config import ModelConfig  # noqa: E402
@@ -184,7 +183,7 @@ def _generate(path: str, backend: str, rotations: int | None = None) -> list[lis
     prompts = [tokenizer.encode(t) for t in ("Tim had a dog", "", "The sun was hot")]
     params = [SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)] * len(prompts)
     results = generate(engine, prompts, params)
-    if isinstance(engine.kv, TieredKVCacheManager):
+    if engine.kv.has_dram:
         engine.kv.drain()
         assert engine.stats.num_rotations_out > 0
     engine.close()

@@ -12,7 +12,6 @@ import pytest
 
 from data_plane.engine.engine import Engine
 from data_plane.engine.sampling import SamplingParams
-from data_plane.kv.tiered import TieredKVCacheManager
 from data_plane.transfer.base import BlockCopy
 from lab.costmodel import (
     iteration_time_s,
@@ -52,7 +51,7 @@ def _trace(rps: float, duration_s: float, spec: str = "synthetic:512:128") -> li
 def test_builds_the_real_engine_without_tensors() -> None:
     parts = build_parts("lvf", Knobs(), SimSetup(H200, hbm_kv_gib=1.0, dram_kv_gib=2.0))
     assert isinstance(parts.engine, Engine)
-    assert isinstance(parts.engine.kv, TieredKVCacheManager)
+    assert parts.engine.kv.has_dram
     # 1 GiB / 2 MiB per Llama-3-8B block of 16 tokens
     assert parts.engine.kv.hbm.num_blocks == 512 and parts.engine.kv.block_size == 16
     assert parts.transfer is not None and parts.transfer.block_bytes == 2 * MIB
