@@ -2,7 +2,8 @@
 ``superinfer:gateways`` from its refresh loop; a worker watches those values and calls a gateway
 dead once its value has not changed for ``gateway_dead_s`` of the worker's own watching. The
 worker then aborts the requests it owns for that gateway (nobody reads their tokens) and
-deletes the gateway's output stream (:meth:`data_plane.service.Worker._sweep_orphans`).
+deletes the gateway's output stream (:func:`sweep_orphans`, which the worker's loop calls between
+engine steps).
 
 Judging by change on the worker's monotonic clock, not by comparing the value with the
 worker's wall clock, keeps clock skew between hosts out of it; a gap in the worker's own
