@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from data_plane.engine.executor import BatchItem, Executor
 from data_plane.engine.output import check_stop
@@ -17,7 +18,6 @@ from data_plane.engine.prefix_watch import PrefixWatch
 from data_plane.engine.queues import RequestQueue
 from data_plane.engine.request import FinishReason, Request, RequestError, RequestOutput
 from data_plane.engine.sampling import SamplingParams
-from data_plane.kv.tiered import KVCacheManager
 from shared.policy import (
     ColumnarSnapshot,
     Plan,
@@ -28,6 +28,9 @@ from shared.policy import (
 )
 from shared.policy.columns import column_arrays_from_views, concat_column_arrays
 from shared.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # the KV layer holds torch tensors; the loop itself needs no torch
+    from data_plane.kv.tiered import KVCacheManager
 
 Planner = Callable[[Snapshot | ColumnarSnapshot], Plan]
 _new_view = tuple.__new__
