@@ -3,21 +3,23 @@
 The control plane builds :class:`ColumnarSnapshot` straight from the wire (the snapshot travels
 as packed arrays); :func:`columnar_from_snapshot` converts the engine's in-process
 :class:`~shared.policy.types.Snapshot` and :func:`snapshot_from_columnar` goes back (for the
-policies that walk views). Optional times and SLOs (``None`` in a view) are NaN here.
+policies that walk views). Optional times and SLOs (``None`` in a view) are NaN here. The
+fields, their dtypes and how they pack all follow :data:`~shared.policy.types.REQUEST_FIELDS`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from shared.policy.types import RequestState, RequestView, Snapshot
+from shared.policy.types import REQUEST_FIELDS, RequestField, RequestState, RequestView, Snapshot
 
 WAITING_CODE, RUNNING_CODE, ROTARY_CODE = 0, 1, 2
 STATE_CODES = {RequestState.WAITING: 0, RequestState.RUNNING: 1, RequestState.ROTARY: 2}
@@ -26,15 +28,9 @@ STATES_BY_CODE = (RequestState.WAITING, RequestState.RUNNING, RequestState.ROTAR
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 
-FLOAT_FIELDS = ("t_arr_s", "t_run_s", "t_last_s", "slo_ttft_s", "slo_tbt_s")
-INT_FIELDS = (
-    "num_tokens",
-    "num_computed_tokens",
-    "num_blocks_hbm",
-    "num_blocks_dram",
-    "priority",
-    "arrival_seq",
-)
+FLOAT_FIELDS = tuple(f.column for f in REQUEST_FIELDS if f.pack in ("time", "opt"))
+INT_FIELDS = tuple(f.column for f in REQUEST_FIELDS if f.pack == "int")
+_ARRAYS = tuple(f for f in REQUEST_FIELDS if f.pack != "id")  # every column but the ids
 
 
 class HandleIds:
@@ -99,9 +95,10 @@ class RequestColumns:
 
     def __post_init__(self) -> None:
         num = len(self.request_ids)
-        for name in ("states", *FLOAT_FIELDS, *INT_FIELDS, "resident"):
-            if len(getattr(self, name)) != num:
-                raise ValueError(f"column {name} has {len(getattr(self, name))} rows, not {num}")
+        for field in _ARRAYS:
+            if len(getattr(self, field.column)) != num:
+                rows = len(getattr(self, field.column))
+                raise ValueError(f"column {field.column} has {rows} rows, not {num}")
 
     def __len__(self) -> int:
         return len(self.request_ids)
@@ -122,7 +119,16 @@ class ColumnarSnapshot:
     iteration: int = 0
 
 
-_OPTIONAL_FLOATS = frozenset({"t_run_s", "t_last_s", "slo_ttft_s", "slo_tbt_s"})
+def _check_column_fields() -> None:
+    """:class:`RequestColumns` has one field per :data:`REQUEST_FIELDS` column, or this
+    raises TypeError."""
+    declared = {f.column for f in REQUEST_FIELDS}
+    actual = {f.name for f in fields(RequestColumns)}
+    if declared != actual:
+        raise TypeError(f"RequestColumns' fields {sorted(actual)} are not REQUEST_FIELDS")
+
+
+_check_column_fields()
 
 
 def columns_from_views(views: Sequence[RequestView]) -> RequestColumns:
@@ -136,34 +142,24 @@ def columns_from_views(views: Sequence[RequestView]) -> RequestColumns:
 def column_arrays_from_views(views: Sequence[RequestView]) -> dict[str, Any]:
     """:func:`columns_from_views`' fields, as keyword arguments of :class:`RequestColumns`."""
     num = len(views)
-    states = map(STATE_CODES.__getitem__, map(attrgetter("state"), views))
-    arrays: dict[str, Any] = {
-        name: _floats(map(attrgetter(name), views), name, num) for name in FLOAT_FIELDS
-    }
-    for name in INT_FIELDS:
-        arrays[name] = np.fromiter(map(attrgetter(name), views), np.int64, num)
-    arrays["request_ids"] = list(map(attrgetter("request_id"), views))
-    arrays["states"] = np.fromiter(states, np.uint8, num)
-    arrays["resident"] = np.fromiter(map(attrgetter("resident"), views), np.bool_, num)
-    return arrays
+    return {f.column: _column(map(attrgetter(f.name), views), f, num) for f in REQUEST_FIELDS}
 
 
-def _floats(values: Iterator[float | None], name: str, num: int) -> Floats:
-    if name in _OPTIONAL_FLOATS:
+def _column(values: Iterator[Any], field: RequestField, num: int) -> Any:
+    """One field's values as its column (a list for the ids)."""
+    if field.pack == "id":
+        return list(values)
+    if field.pack == "code":
+        return np.fromiter(map(STATE_CODES.__getitem__, values), field.dtype, num)
+    if field.pack == "opt":
         nan = math.nan
-        return np.fromiter([nan if v is None else v for v in values], np.float64, num)
-    return np.fromiter(values, np.float64, num)
+        return np.fromiter([nan if v is None else v for v in values], field.dtype, num)
+    return np.fromiter(values, field.dtype, num)
 
 
 def empty_columns() -> RequestColumns:
-    arrays: dict[str, Any] = {name: np.empty(0, np.float64) for name in FLOAT_FIELDS}
-    arrays |= {name: np.empty(0, np.int64) for name in INT_FIELDS}
-    return RequestColumns(
-        request_ids=[], states=np.empty(0, np.uint8), resident=np.empty(0, np.bool_), **arrays
-    )
-
-
-_ALL = ("request_ids", "states", *FLOAT_FIELDS, *INT_FIELDS, "resident")
+    arrays: dict[str, Any] = {f.column: np.empty(0, f.dtype) for f in _ARRAYS}
+    return RequestColumns(request_ids=[], **arrays)
 
 
 def concat_column_arrays(parts: Sequence[dict[str, Any]]) -> RequestColumns:
@@ -177,62 +173,30 @@ def concat_column_arrays(parts: Sequence[dict[str, Any]]) -> RequestColumns:
     for part in parts:
         request_ids.extend(part["request_ids"])
     arrays: dict[str, Any] = {
-        name: np.concatenate([part[name] for part in parts]) for name in _ALL[1:]
+        f.column: np.concatenate([part[f.column] for part in parts]) for f in _ARRAYS
     }
     return RequestColumns(request_ids=request_ids, **arrays)
 
 
 def views_from_columns(columns: RequestColumns) -> tuple[RequestView, ...]:
-    """One :class:`RequestView` per row (NaN -> None), for the policies that walk views."""
+    """One :class:`RequestView` per row (NaN -> None), for the policies that walk views:
+    built positionally, in :data:`REQUEST_FIELDS` order (RequestView's)."""
+    values = [_python_values(getattr(columns, f.column), f) for f in REQUEST_FIELDS]
+    return tuple(map(_new_tuple, repeat(RequestView), zip(*values, strict=True)))
 
-    def optional(values: Floats) -> list[float | None]:
-        return [None if math.isnan(v) else v for v in values.tolist()]
 
-    return tuple(
-        RequestView(
-            request_id=rid,
-            state=STATES_BY_CODE[state],
-            t_arr_s=t_arr,
-            num_tokens=num_tokens,
-            num_computed_tokens=computed,
-            num_blocks_hbm=hbm,
-            num_blocks_dram=dram,
-            t_run_s=t_run,
-            t_last_s=t_last,
-            priority=priority,
-            arrival_seq=seq,
-            slo_ttft_s=slo_ttft,
-            slo_tbt_s=slo_tbt,
-            resident=resident,
-        )
-        for (
-            rid,
-            state,
-            t_arr,
-            t_run,
-            t_last,
-            slo_ttft,
-            slo_tbt,
-            num_tokens,
-            computed,
-            hbm,
-            dram,
-            priority,
-            seq,
-            resident,
-        ) in zip(
-            columns.request_ids,
-            columns.states.tolist(),
-            columns.t_arr_s.tolist(),
-            optional(columns.t_run_s),
-            optional(columns.t_last_s),
-            optional(columns.slo_ttft_s),
-            optional(columns.slo_tbt_s),
-            *(getattr(columns, name).tolist() for name in INT_FIELDS),
-            columns.resident.tolist(),
-            strict=True,
-        )
-    )
+_new_tuple = tuple.__new__
+
+
+def _python_values(column: Any, field: RequestField) -> list[Any]:
+    """A column's values as a view holds them (states as RequestState, NaN as None)."""
+    if field.pack == "id":
+        return list(column)
+    if field.pack == "code":
+        return [STATES_BY_CODE[code] for code in column.tolist()]
+    if field.pack == "opt":
+        return [None if math.isnan(v) else v for v in column.tolist()]
+    return column.tolist()
 
 
 def columnar_from_snapshot(snapshot: Snapshot) -> ColumnarSnapshot:

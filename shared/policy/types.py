@@ -21,11 +21,13 @@ class RequestState(enum.StrEnum):
 
 
 class RequestView(NamedTuple):
-    """One request as a policy sees it.
+    """One request as a policy sees it. Its fields are :data:`REQUEST_FIELDS` (checked at
+    import), in this order: the engine builds views positionally.
 
     ``num_tokens`` counts every token whose KV the request will need next (prompt plus generated
     tokens); ``num_computed_tokens`` those whose KV already exists (in HBM for running requests,
-    in DRAM for rotary ones, zero for waiting ones).
+    in DRAM for rotary ones; for a waiting one, its prefix found in the prefix cache, whose
+    blocks in HBM in use by others and in DRAM are its ``num_blocks_hbm``/``num_blocks_dram``).
 
     A named tuple (immutable, compared by value; ``_replace`` to derive one) rather than a
     frozen dataclass: the engine builds one per running and rotary request per iteration, and a
@@ -47,6 +49,59 @@ class RequestView(NamedTuple):
     slo_ttft_s: float | None = None
     slo_tbt_s: float | None = None
     resident: bool = True  # False while its HBM blocks still wait for an H2D copy
+
+
+class RequestField(NamedTuple):
+    """One field of a request: its :class:`RequestView` name, its
+    :class:`~shared.policy.columns.RequestColumns` name, the column's numpy dtype, and how it
+    packs (the wire table's kinds: ``id`` stays on the worker, ``code`` a state code, ``time``
+    a float always set, ``opt`` a float that may be None (NaN), ``int``, ``flag``)."""
+
+    name: str
+    column: str
+    dtype: str
+    pack: str
+
+
+# Every field of a request, in RequestView's order: the one declaration the views, the columns
+# (shared/policy/columns.py) and their conversions follow.
+REQUEST_FIELDS: tuple[RequestField, ...] = (
+    RequestField("request_id", "request_ids", "object", "id"),
+    RequestField("state", "states", "uint8", "code"),
+    RequestField("t_arr_s", "t_arr_s", "float64", "time"),
+    RequestField("num_tokens", "num_tokens", "int64", "int"),
+    RequestField("num_computed_tokens", "num_computed_tokens", "int64", "int"),
+    RequestField("num_blocks_hbm", "num_blocks_hbm", "int64", "int"),
+    RequestField("num_blocks_dram", "num_blocks_dram", "int64", "int"),
+    RequestField("t_run_s", "t_run_s", "float64", "opt"),
+    RequestField("t_last_s", "t_last_s", "float64", "opt"),
+    RequestField("priority", "priority", "int64", "int"),
+    RequestField("arrival_seq", "arrival_seq", "int64", "int"),
+    RequestField("slo_ttft_s", "slo_ttft_s", "float64", "opt"),
+    RequestField("slo_tbt_s", "slo_tbt_s", "float64", "opt"),
+    RequestField("resident", "resident", "bool", "flag"),
+)
+_ANNOTATIONS = {
+    "id": "str",
+    "code": "RequestState",
+    "time": "float",
+    "opt": "float | None",
+    "int": "int",
+    "flag": "bool",
+}
+
+
+def check_view_fields(view_type: type) -> None:
+    """``view_type``'s fields are :data:`REQUEST_FIELDS` (names, order, types), or this
+    raises TypeError."""
+    declared = [(f.name, _ANNOTATIONS[f.pack]) for f in REQUEST_FIELDS]
+    hints = view_type.__annotations__  # strings, or ForwardRefs of them
+    actual = [(name, getattr(hints[name], "__forward_arg__", hints[name])) for name in hints]
+    if declared != actual:
+        raise TypeError(f"{view_type.__name__}'s fields {actual} are not REQUEST_FIELDS")
+
+
+check_view_fields(RequestView)
 
 
 @dataclass(frozen=True, slots=True)

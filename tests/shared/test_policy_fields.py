@@ -1,0 +1,51 @@
+"""The request's fields are declared once (shared.policy.types.REQUEST_FIELDS): the view, the
+columns and their conversions follow it, and a class that drifts from it fails at import."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+
+from shared.policy import RequestColumns, RequestState, RequestView, columns_from_views
+from shared.policy.columns import FLOAT_FIELDS, INT_FIELDS, empty_columns, views_from_columns
+from shared.policy.types import REQUEST_FIELDS, check_view_fields
+
+
+def test_the_view_and_the_columns_are_the_declared_fields() -> None:
+    assert RequestView._fields == tuple(f.name for f in REQUEST_FIELDS)
+    assert {f.name for f in fields(RequestColumns)} == {f.column for f in REQUEST_FIELDS}
+    assert FLOAT_FIELDS == ("t_arr_s", "t_run_s", "t_last_s", "slo_ttft_s", "slo_tbt_s")
+    assert INT_FIELDS == (
+        "num_tokens",
+        "num_computed_tokens",
+        "num_blocks_hbm",
+        "num_blocks_dram",
+        "priority",
+        "arrival_seq",
+    )
+
+
+def test_columns_have_the_declared_dtypes() -> None:
+    view = RequestView("a", RequestState.ROTARY, 1.0, 5, 4, 0, 1, t_last_s=2.0, resident=False)
+    for columns in (columns_from_views([view]), empty_columns()):
+        for field in REQUEST_FIELDS:
+            if field.pack != "id":
+                assert getattr(columns, field.column).dtype == np.dtype(field.dtype), field
+    assert views_from_columns(columns_from_views([view])) == (view,)
+
+
+def test_a_view_type_that_drifts_from_the_declaration_is_refused() -> None:
+    class Swapped(NamedTuple):  # two fields out of order
+        state: RequestState
+        request_id: str
+
+    with pytest.raises(TypeError, match="REQUEST_FIELDS"):
+        check_view_fields(Swapped)
+
+    retyped = {**RequestView.__annotations__, "priority": "float"}
+    Retyped = NamedTuple("Retyped", list(retyped.items()))  # type: ignore[misc]
+    with pytest.raises(TypeError, match="REQUEST_FIELDS"):
+        check_view_fields(Retyped)
