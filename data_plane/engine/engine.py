@@ -16,8 +16,17 @@ from data_plane.engine.executor import BatchItem, Executor
 from data_plane.engine.output import check_stop
 from data_plane.engine.prefix_watch import PrefixWatch
 from data_plane.engine.queues import RequestQueue
-from data_plane.engine.request import FinishReason, Request, RequestError, RequestOutput
+from data_plane.engine.request import (
+    FINISHED_STATUS,
+    TRANSITIONS,
+    FinishReason,
+    Request,
+    RequestError,
+    RequestOutput,
+    RequestStatus,
+)
 from data_plane.engine.sampling import SamplingParams
+from data_plane.kv.manager import KVEventKind
 from shared.policy import (
     ColumnarSnapshot,
     Plan,
@@ -30,6 +39,7 @@ from shared.policy.columns import column_arrays_from_views, concat_column_arrays
 from shared.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # the KV layer holds torch tensors; the loop itself needs no torch
+    from data_plane.kv.manager import KVEvent
     from data_plane.kv.tiered import KVCacheManager
 
 Planner = Callable[[Snapshot | ColumnarSnapshot], Plan]
@@ -101,7 +111,6 @@ class Engine:
         self.stats = EngineStats()
         self._arrival_seq = 0
         self._pending_outputs: list[RequestOutput] = []
-        self._arriving: list[Request] = []  # resumed, their KV still being copied in
 
     # ---- requests in and out -------------------------------------------------------------
     def add_request(
@@ -172,11 +181,11 @@ class Engine:
     def step(self) -> StepResult:
         t_start = time.perf_counter()
         self.stats.num_iterations += 1
-        self.kv.poll()
+        events = self.kv.poll()
         self._refresh_waiting_views()
         now = self.clock()
-        if self._arriving:
-            self._mark_resident(now)
+        if events:
+            self._on_kv_events(events, now)
         snapshot, columns = self._snapshot_for_planner(now)
         plan = self.planner(snapshot)
         self.stats.last_plan = plan
@@ -304,66 +313,79 @@ class Engine:
                 r.arrival_seq,
                 r.slo_ttft_s,
                 r.slo_tbt_s,
-                self.kv.is_resident(rid),
+                r.resident,
             ),
         )
+
+    def _move(self, request: Request, status: RequestStatus) -> None:
+        """The one place a request's status changes (``TRANSITIONS`` says which moves are
+        legal; anything else is a bug, raised)."""
+        if status not in TRANSITIONS.get(request.status, ()):
+            raise RuntimeError(
+                f"request {request.request_id!r} cannot move {request.status.name} -> {status.name}"
+            )
+        request.status = status
+
+    def _on_kv_events(self, events: list[KVEvent], now: float) -> None:
+        """Copies that completed: a loading request is resident (and runs from now: t_run is
+        when it can compute again, not when its copy was issued, SUPERINFER.md §3); a
+        rotating-out one is parked (it may rotate in again)."""
+        for request_id, kind in events:
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            if kind is KVEventKind.LOADED and request.status is RequestStatus.LOADING:
+                self._move(request, RequestStatus.RUNNING)
+                request.t_run_s = now
+            elif kind is KVEventKind.PARKED and request.status is RequestStatus.ROTATING_OUT:
+                self._move(request, RequestStatus.ROTARY)
 
     def _apply_transitions(self, plan: Plan, now: float) -> None:
         for request_id in reversed(plan.preempt_ids):
             self._preempt(self._expect(request_id, RequestState.RUNNING))
         for request_id in plan.rotate_out_ids:
             request = self._expect(request_id, RequestState.RUNNING)
-            if not self.kv.rotate_out(request_id):  # no room in DRAM: recompute instead
+            num_copying = self.kv.rotate_out(request_id)
+            if num_copying is None:  # no room in DRAM: recompute instead
                 self._preempt(request)
                 continue
             self.running.remove(request)
-            request.state = RequestState.ROTARY
+            parked = RequestStatus.ROTATING_OUT if num_copying else RequestStatus.ROTARY
+            self._move(request, parked)
             request.num_rotations += 1
             self.stats.num_rotations_out += 1
             self.rotary.append(request)
         for request_id in plan.resume_ids:
-            request = self._expect(request_id, RequestState.ROTARY)
-            if not self.kv.rotate_in(request_id):
-                continue  # not enough free HBM yet; the policy will ask again
-            self.rotary.remove(request)
-            request.state = RequestState.RUNNING
-            request.t_run_s = now  # set again when its KV is resident (_mark_resident)
-            self.stats.num_rotations_in += 1
-            self.running.append(request)
-            if not self.kv.is_resident(request_id):
-                self._arriving.append(request)
+            self._resume(self._expect(request_id, RequestState.ROTARY), now)
         for request_id in plan.admit_ids:
             request = self._expect(request_id, RequestState.WAITING)
             self._leave_waiting(request)
-            request.state = RequestState.RUNNING
+            loading = self._take_prefix(request) if request.block_keys else False
+            self._move(request, RequestStatus.LOADING if loading else RequestStatus.RUNNING)
             request.t_run_s = now
             request.t_first_run_s = request.t_first_run_s or now
             self.running.append(request)
-            if request.block_keys:
-                self._take_prefix(request)
 
-    def _take_prefix(self, request: Request) -> None:
+    def _resume(self, request: Request, now: float) -> None:
+        """Rotate in, unless its copies out are in flight or HBM is short (the policy will
+        ask again)."""
+        if request.status is RequestStatus.ROTATING_OUT:
+            return
+        num_loading = self.kv.rotate_in(request.request_id)
+        if num_loading is None:
+            return
+        self.rotary.remove(request)
+        self._move(request, RequestStatus.LOADING if num_loading else RequestStatus.RUNNING)
+        request.t_run_s = now  # set again when its KV is resident (_on_kv_events)
+        self.stats.num_rotations_in += 1
+        self.running.append(request)
+
+    def _take_prefix(self, request: Request) -> bool:
         """An admitted request shares its cached prefix: those tokens need no prefill (a
-        prefix found in DRAM is copied in first: the request waits until it is resident)."""
-        num_blocks = self.kv.take_prefix(
-            request.request_id, request.all_token_ids, request.block_keys
-        )
-        request.num_computed_tokens = num_blocks * self.kv.block_size
-        if not self.kv.is_resident(request.request_id):
-            self._arriving.append(request)
-
-    def _mark_resident(self, now: float) -> None:
-        """Resumed requests whose KV copy completed (re)enter running now: t_run is when the
-        request can compute again, not when its copy was issued (SUPERINFER.md §3)."""
-        still: list[Request] = []
-        for request in self._arriving:
-            if request.state is not RequestState.RUNNING or request.finished:
-                continue
-            if self.kv.is_resident(request.request_id):
-                request.t_run_s = now
-            else:
-                still.append(request)
-        self._arriving = still
+        prefix found in DRAM is copied in first). Returns whether it is loading."""
+        taken = self.kv.take_prefix(request.request_id, request.all_token_ids, request.block_keys)
+        request.num_computed_tokens = taken.num_blocks * self.kv.block_size
+        return taken.num_loading > 0
 
     def _leave_waiting(self, request: Request) -> None:
         self.waiting.remove(request)
@@ -375,7 +397,7 @@ class Engine:
         self.running.remove(request)
         self.kv.free(request.request_id)
         request.num_computed_tokens = 0  # a cached prefix it took is given back
-        request.state = RequestState.WAITING
+        self._move(request, RequestStatus.WAITING)
         request.t_run_s = None
         if request.t_first_run_s == now:
             request.t_first_run_s = None
@@ -386,14 +408,14 @@ class Engine:
         self.running.remove(request)
         self.kv.free(request.request_id)
         request.num_computed_tokens = 0
-        request.state = RequestState.WAITING
+        self._move(request, RequestStatus.WAITING)
         request.num_preemptions += 1
         self.stats.num_preemptions += 1
         self.waiting.appendleft(request)
 
     def _expect(self, request_id: str, state: RequestState) -> Request:
         request = self.requests.get(request_id)
-        if request is None or request.state is not state or request.finished:
+        if request is None or request.finished or request.state is not state:
             raise RuntimeError(f"plan names {request_id!r}, which is not {state.value}")
         return request
 
@@ -404,10 +426,10 @@ class Engine:
             request = self._expect(chunk.request_id, RequestState.RUNNING)
             end = request.num_computed_tokens + chunk.num_tokens
             if chunk.request_id in admitted and request.block_keys:  # its prefix came cached
-                if not self.kv.is_resident(chunk.request_id):
+                if not request.resident:
                     continue  # its DRAM prefix is still being copied in
                 end = min(end, request.num_tokens)
-            if end > request.num_tokens or not self.kv.is_resident(chunk.request_id):
+            if end > request.num_tokens or not request.resident:
                 raise RuntimeError(f"plan schedules {chunk} beyond {request.request_id}'s state")
             block_ids = self.kv.ensure_hbm(chunk.request_id, request.num_computed_tokens, end)
             if block_ids is None:
@@ -465,10 +487,11 @@ class Engine:
         self.kv.on_computed(request.request_id, num_computed, tokens, keys)
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
-        request.finish_reason = reason
-        if request.state is RequestState.WAITING:
+        state = request.state
+        self._move(request, FINISHED_STATUS[reason])
+        if state is RequestState.WAITING:
             self._leave_waiting(request)
         else:  # identity comparison: requests compare by id (eq=False)
-            (self.running if request.state is RequestState.RUNNING else self.rotary).remove(request)
+            (self.running if state is RequestState.RUNNING else self.rotary).remove(request)
         self.kv.free(request.request_id)
         del self.requests[request.request_id]

@@ -1,4 +1,4 @@
-"""A request inside the engine: its tokens, progress, state and timestamps."""
+"""A request inside the engine: its tokens, progress, status and timestamps."""
 
 from __future__ import annotations
 
@@ -17,6 +17,48 @@ class FinishReason(enum.StrEnum):
     ERROR = "error"
 
 
+class RequestStatus(enum.IntEnum):
+    """Where a request is in the engine, ordered like vLLM V1's ``RequestStatus`` (the
+    finished kinds last). The engine alone changes it (``Engine._move``); the policy sees
+    :attr:`Request.state` and :attr:`Request.resident`, both derived from it."""
+
+    WAITING = 0
+    LOADING = 1  # scheduled, its KV being copied in (resumed, or a DRAM prefix): not resident
+    RUNNING = 2  # its KV in HBM
+    ROTATING_OUT = 3  # its KV being copied out to DRAM
+    ROTARY = 4  # its KV parked in DRAM
+    FINISHED_STOPPED = 5
+    FINISHED_LENGTH = 6
+    FINISHED_ABORTED = 7
+    FINISHED_ERROR = 8
+
+
+_POLICY_STATE = {
+    RequestStatus.WAITING: RequestState.WAITING,
+    RequestStatus.LOADING: RequestState.RUNNING,
+    RequestStatus.RUNNING: RequestState.RUNNING,
+    RequestStatus.ROTATING_OUT: RequestState.ROTARY,
+    RequestStatus.ROTARY: RequestState.ROTARY,
+}
+FINISHED_STATUS = {
+    FinishReason.STOP: RequestStatus.FINISHED_STOPPED,
+    FinishReason.LENGTH: RequestStatus.FINISHED_LENGTH,
+    FinishReason.ABORT: RequestStatus.FINISHED_ABORTED,
+    FinishReason.ERROR: RequestStatus.FINISHED_ERROR,
+}
+_FINISH_REASON = {status: reason for reason, status in FINISHED_STATUS.items()}
+_RESIDENT = frozenset({RequestStatus.WAITING, RequestStatus.RUNNING})
+_FINISHED = frozenset(FINISHED_STATUS.values())
+_S = RequestStatus
+TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
+    _S.WAITING: frozenset({_S.LOADING, _S.RUNNING}) | _FINISHED,
+    _S.LOADING: frozenset({_S.RUNNING, _S.WAITING, _S.ROTATING_OUT, _S.ROTARY}) | _FINISHED,
+    _S.RUNNING: frozenset({_S.WAITING, _S.ROTATING_OUT, _S.ROTARY}) | _FINISHED,
+    _S.ROTATING_OUT: frozenset({_S.ROTARY}) | _FINISHED,
+    _S.ROTARY: frozenset({_S.LOADING, _S.RUNNING}) | _FINISHED,
+}  # the moves the engine may make; a finished request moves no more
+
+
 class RequestError(ValueError):
     """A request the engine cannot serve (it fails alone; others are unaffected)."""
 
@@ -32,13 +74,12 @@ class Request:
     slo_ttft_s: float | None = None
     slo_tbt_s: float | None = None
     output_token_ids: list[int] = field(default_factory=list)
-    state: RequestState = RequestState.WAITING
+    status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     t_run_s: float | None = None
     t_last_s: float | None = None
     t_first_token_s: float | None = None
     t_first_run_s: float | None = None  # first admitted (queue time = this - t_arr_s)
-    finish_reason: FinishReason | None = None
     text: str = ""
     detokenizer: IncrementalDetokenizer | None = None  # offline text and stop strings
     num_preemptions: int = 0
@@ -58,8 +99,26 @@ class Request:
         return self.prompt_token_ids + self.output_token_ids
 
     @property
+    def state(self) -> RequestState:
+        """The policy's view of :attr:`status` (loading counts as running, rotating out as
+        rotary; ValueError once finished)."""
+        state = _POLICY_STATE.get(self.status)
+        if state is None:
+            raise ValueError(f"request {self.request_id!r} is {self.status.name}")
+        return state
+
+    @property
+    def resident(self) -> bool:
+        """Its KV is where attention can read it (or it holds none yet)."""
+        return self.status in _RESIDENT
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return _FINISH_REASON.get(self.status)
+
+    @property
     def finished(self) -> bool:
-        return self.finish_reason is not None
+        return self.status >= RequestStatus.FINISHED_STOPPED
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -40,6 +41,24 @@ class BlockTable:
             len(self.hbm_ids) - self.hbm_ids.count(None),
             len(self.dram_ids) - self.dram_ids.count(None),
         )
+
+
+class PrefixTaken(NamedTuple):
+    """What an admitted request took of the caches: ``num_blocks`` leading blocks need no
+    prefill, ``num_loading`` of them (the DRAM part) are still being copied in."""
+
+    num_blocks: int = 0
+    num_loading: int = 0
+
+
+class KVEventKind(enum.Enum):
+    LOADED = "loaded"  # the last copy into HBM completed: the request is resident
+    PARKED = "parked"  # the last rotate-out copy completed: its KV lives in DRAM only
+
+
+class KVEvent(NamedTuple):
+    request_id: str
+    kind: KVEventKind
 
 
 class PrefixHits(NamedTuple):
@@ -189,9 +208,11 @@ class BlockTables:
         (the engine refreshes the waiting requests whose prefix runs through them)."""
         return self.hbm.drain_changed_keys()
 
-    def take_prefix(self, request_id: str, token_ids: Sequence[int], keys: Sequence[int]) -> int:
-        """A request starts: share the cached blocks of its prefix (a new block table holding
-        them); returns how many leading blocks need no prefill."""
+    def _take_hbm_prefix(
+        self, request_id: str, token_ids: Sequence[int], keys: Sequence[int]
+    ) -> int:
+        """A request starts: share the cached HBM blocks of its prefix (a new block table
+        holding them); returns how many leading blocks need no prefill."""
         self.prefix_counters.num_queried_tokens += len(token_ids)
         if not self.hbm.enabled or not keys or request_id in self.tables:
             return 0

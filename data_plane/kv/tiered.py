@@ -33,8 +33,11 @@ from data_plane.kv.manager import (
     UNSYNCED,
     BlockTable,
     BlockTables,
+    KVEvent,
+    KVEventKind,
     KVStats,
     PrefixHits,
+    PrefixTaken,
 )
 from data_plane.kv.prefix_cache import ROOT_KEY, CachingBlockPool
 from data_plane.transfer.base import BlockCopy, TransferEngine, TransferHandle
@@ -122,6 +125,7 @@ class KVCacheManager(BlockTables):
         self._urgent: deque[_Move] = deque()  # evictions and loads: rotation waits on these
         self._syncs: deque[_Move] = deque()  # eager syncs: background
         self._in_flight: list[_Batch] = []
+        self._events: list[KVEvent] = []  # completions since the last poll
         # Copies in flight per block, and frees waiting for them (shared blocks can have
         # several of each).
         self._busy_hbm: Counter[int] = Counter()
@@ -148,14 +152,13 @@ class KVCacheManager(BlockTables):
         return self.tables.get(request_id)
 
     def rotary_columns(self, request_ids: Sequence[str]) -> dict[str, Any]:
-        """What changes while requests are rotary, as columns: blocks per tier as their
-        copies complete, and residency."""
+        """What changes while requests are rotary, as columns: their blocks per tier as
+        their copies complete."""
         num = len(request_ids)
         rows = [self.tables.get(rid) for rid in request_ids]
         return {
             "num_blocks_hbm": np.fromiter((t.num_hbm if t else 0 for t in rows), np.int64, num),
             "num_blocks_dram": np.fromiter((t.num_dram if t else 0 for t in rows), np.int64, num),
-            "resident": np.fromiter(map(self.is_resident, request_ids), np.bool_, num),
         }
 
     def stats(self) -> KVStats:
@@ -199,6 +202,8 @@ class KVCacheManager(BlockTables):
         self.dram.grow(min(num_ready_blocks, self.num_dram_blocks_total))
 
     def is_resident(self, request_id: str) -> bool:
+        """No copy into HBM pending and not rotated out (for tests and tools: the engine
+        follows :meth:`poll`'s events)."""
         table = self.tables.get(request_id)
         return table is None or (table.num_pending_h2d == 0 and not table.rotated_out)
 
@@ -255,18 +260,20 @@ class KVCacheManager(BlockTables):
     def drain_prefix_changes(self) -> set[int]:
         return super().drain_prefix_changes() | self.dram.drain_changed_keys()
 
-    def take_prefix(self, request_id: str, token_ids: Sequence[int], keys: Sequence[int]) -> int:
-        """HBM's cached prefix is shared; the blocks that follow it in DRAM's index are
-        loaded into new HBM blocks (H2D, within B_xfer: the request is not resident until
-        they are in)."""
-        num_hbm = super().take_prefix(request_id, token_ids, keys)
+    def take_prefix(
+        self, request_id: str, token_ids: Sequence[int], keys: Sequence[int]
+    ) -> PrefixTaken:
+        """An admitted request shares HBM's cached prefix; the blocks that follow it in
+        DRAM's index are loaded into new HBM blocks (H2D, within B_xfer: the request is not
+        resident until they are in, :meth:`poll` reports it ``LOADED``)."""
+        num_hbm = self._take_hbm_prefix(request_id, token_ids, keys)
         table = self.tables.get(request_id)
         if table is None or not self.dram.enabled or not keys or table.rotated_out:
-            return num_hbm
+            return PrefixTaken(num_hbm)
         limit = min(len(keys), (len(token_ids) - 1) // self.block_size)
         hits = self._walk(self.dram, token_ids, keys, num_hbm, limit)[: self.hbm.num_free]
         if len(table.hbm_ids) != num_hbm or not hits:
-            return num_hbm
+            return PrefixTaken(num_hbm)
         for dram_id in hits:
             self.dram.take(dram_id)
         for index, (dram_id, hbm_id) in enumerate(
@@ -280,7 +287,7 @@ class KVCacheManager(BlockTables):
         table.num_dram += len(hits)
         table.num_pending_h2d += len(hits)
         self.prefix_counters.num_dram_hit_tokens += len(hits) * self.block_size
-        return num_hbm + len(hits)
+        return PrefixTaken(num_hbm + len(hits), len(hits))
 
     def _queue_d2h(
         self,
@@ -305,10 +312,12 @@ class KVCacheManager(BlockTables):
         return True
 
     # ---- rotation ------------------------------------------------------------------------
-    def rotate_out(self, request_id: str) -> bool:
-        """Park the request's KV in DRAM; False when it cannot (no DRAM tier, or no room)."""
+    def rotate_out(self, request_id: str) -> int | None:
+        """Park the request's KV in DRAM: returns how many blocks are still being copied out
+        (0: parked now; else :meth:`poll` reports it ``PARKED``), None when it cannot (no
+        DRAM tier, or no room)."""
         if not self.has_dram:
-            return False
+            return None
         table = self.tables.get(request_id)
         if table is None:
             table = self.tables[request_id] = BlockTable()
@@ -316,7 +325,7 @@ class KVCacheManager(BlockTables):
             1 for i, d in enumerate(table.dram_ids) if d is None and table.sync[i] != SYNCED
         )
         if needed > self.dram.num_free:
-            return False
+            return None
         table.rotated_out = True
         self._requeue_pending_syncs_as_evictions(request_id, table)
         for index, state in enumerate(table.sync):
@@ -326,7 +335,7 @@ class KVCacheManager(BlockTables):
             elif state == UNSYNCED:
                 self._queue_d2h(EVICT, request_id, table, index)
                 table.num_pending_evict += 1
-        return True
+        return table.num_pending_evict
 
     def _requeue_pending_syncs_as_evictions(self, request_id: str, table: BlockTable) -> None:
         """Queued (not yet issued) eager syncs of a rotating request become evictions; syncs
@@ -341,17 +350,18 @@ class KVCacheManager(BlockTables):
         self._syncs = kept
         table.num_pending_evict += sum(1 for s in table.sync if s == PENDING)
 
-    def rotate_in(self, request_id: str) -> bool:
-        """Start copying a rotary request back; False while HBM is short or its rotate-out
-        is in flight."""
+    def rotate_in(self, request_id: str) -> int | None:
+        """Start copying a parked request back: returns how many blocks are being copied in
+        (0: resident now; else :meth:`poll` reports it ``LOADED``), None while HBM is short
+        or its rotate-out is in flight."""
         table = self.tables.get(request_id)
         if table is None:
-            return True  # rotated out before it computed anything
+            return 0  # rotated out before it computed anything
         if table.num_pending_evict:
-            return False  # its rotate-out is still in flight
+            return None  # its rotate-out is still in flight
         missing = [i for i, h in enumerate(table.hbm_ids) if h is None]
         if len(missing) > self.hbm.num_free:
-            return False
+            return None
         table.rotated_out = False
         for index, hbm_id in zip(missing, self.hbm.allocate(len(missing)), strict=True):
             dram_id = table.dram_ids[index]
@@ -360,7 +370,7 @@ class KVCacheManager(BlockTables):
             table.num_hbm += 1
             self._urgent.append(_Move(LOAD, request_id, index, hbm_id, dram_id, table))
         table.num_pending_h2d = len(missing)
-        return True
+        return len(missing)
 
     def free(self, request_id: str) -> None:
         table = self.tables.pop(request_id, None)
@@ -441,8 +451,15 @@ class KVCacheManager(BlockTables):
             else:
                 batch.exposed_from_s = now
 
-    def poll(self) -> None:
-        """Retire completed batches and pick up newly pinned DRAM (never blocks)."""
+    def poll(self) -> list[KVEvent]:
+        """Retire completed batches and pick up newly pinned DRAM (never blocks); returns
+        what completed since the last poll: requests now resident (``LOADED``) or parked
+        (``PARKED``)."""
+        self._retire()
+        events, self._events = self._events, []
+        return events
+
+    def _retire(self) -> None:
         if self.pinner is not None and self.pinner.num_ready_blocks > self.dram.num_blocks:
             self.grow_dram(self.pinner.num_ready_blocks)
         still: list[_Batch] = []
@@ -464,7 +481,7 @@ class KVCacheManager(BlockTables):
             for batch in self._in_flight:
                 for handle in batch.handles:
                     handle.wait()
-            self.poll()
+            self._retire()
             self.issue_transfers()
 
     def close(self) -> None:
@@ -491,6 +508,8 @@ class KVCacheManager(BlockTables):
         if move.kind == LOAD:
             table.num_pending_h2d -= 1
             stats.blocks_loaded += 1
+            if table.num_pending_h2d == 0 and not table.rotated_out:
+                self._events.append(KVEvent(move.request_id, KVEventKind.LOADED))
             return
         table.sync[move.index] = SYNCED
         if move.content is not None:
@@ -502,3 +521,5 @@ class KVCacheManager(BlockTables):
         table.num_pending_evict -= 1
         if table.rotated_out:
             self._drop_hbm(table, move.index)
+            if table.num_pending_evict == 0:
+                self._events.append(KVEvent(move.request_id, KVEventKind.PARKED))

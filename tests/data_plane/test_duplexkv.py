@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from data_plane.engine.config import EngineConfig
 from data_plane.engine.llm import build_engine, generate
+from data_plane.engine.request import RequestStatus
 from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.geometry import KVGeometry
 from data_plane.kv.tiered import KVCacheManager
@@ -98,10 +99,30 @@ def _rotating_run(loaded, seed: int, p_out: float, p_hold: float, b_xfer: int):
             tokens[output.request_id].extend(output.new_token_ids)
         for table in engine.kv.tables.values():  # the block counters the snapshot reads
             assert (table.num_hbm, table.num_dram) == table.recount()
+        STATUSES_SEEN.update(assert_status_matches_kv(engine))
     else:
         raise AssertionError(f"no progress: {engine.stats}")
     engine.kv.drain()
     return engine, list(tokens.values())
+
+
+STATUSES_SEEN: set[RequestStatus] = set()
+
+
+def assert_status_matches_kv(engine) -> set[RequestStatus]:
+    """Each request's status (which the engine changes only on the KV layer's answers and
+    events) agrees with its block table: resident exactly when no copy in is pending and it
+    is not rotated out; rotating out exactly while evictions are in flight."""
+    kv = engine.kv
+    for request_id, request in engine.requests.items():
+        table = kv.table(request_id)
+        if request.status in (RequestStatus.RUNNING, RequestStatus.LOADING):
+            assert request.resident == kv.is_resident(request_id), request
+        elif request.status is RequestStatus.ROTATING_OUT:
+            assert table is not None and table.rotated_out and table.num_pending_evict > 0
+        elif request.status is RequestStatus.ROTARY:
+            assert table is not None and table.rotated_out and table.num_pending_evict == 0
+    return {r.status for r in engine.requests.values()}
 
 
 @pytest.mark.parametrize("model_name", ["stories", "tiny"])
@@ -133,8 +154,12 @@ def test_lossless_rotation_random_schedules(
         check.rotations += engine.stats.num_rotations_out
 
     check.rotations = 0
+    STATUSES_SEEN.clear()
     check()
     assert check.rotations > 200  # requests rotated out and back in many times
+    assert {RequestStatus.LOADING, RequestStatus.ROTATING_OUT, RequestStatus.ROTARY} <= (
+        STATUSES_SEEN
+    )  # every copy state was visited
 
 
 def _manager(num_hbm: int = 16, num_dram: int = 16, b_xfer: int = 64, transfer=None):
@@ -161,7 +186,7 @@ def test_rotating_out_fully_synced_request_moves_zero_bytes() -> None:
     kv.drain()
     assert kv.tiered_stats.blocks_synced == 3
     before = kv.transfer.stats.bytes_d2h
-    assert kv.rotate_out("a")
+    assert kv.rotate_out("a") is not None
     kv.drain()
     assert kv.transfer.stats.bytes_d2h == before
     assert kv.tiered_stats.blocks_dropped == 3
@@ -178,12 +203,12 @@ def test_rotating_out_moves_exactly_the_unsynced_blocks() -> None:
     kv.issue_transfers()
     kv.drain()
     before = kv.transfer.stats.blocks_d2h
-    assert kv.rotate_out("a")
+    assert kv.rotate_out("a") is not None
     kv.drain()
     assert kv.transfer.stats.blocks_d2h - before == 1
     kv2, _, _ = _manager()
     _fill(kv2, "b", 2 * BS + 1)  # nothing synced yet: all three move at rotate-out
-    assert kv2.rotate_out("b")
+    assert kv2.rotate_out("b") is not None
     kv2.drain()
     assert kv2.transfer.stats.blocks_d2h == 3
 
@@ -192,12 +217,12 @@ def test_rotate_in_restores_bytes_and_waits_for_copies() -> None:
     kv, hbm, _ = _manager()
     ids = _fill(kv, "a", 2 * BS + 2)
     original = hbm[ids].clone()
-    assert kv.rotate_out("a")
-    assert not kv.rotate_in("a") or kv.table("a").num_pending_evict == 0  # type: ignore[union-attr]
+    assert kv.rotate_out("a") is not None
+    assert kv.rotate_in("a") is None or kv.table("a").num_pending_evict == 0  # type: ignore[union-attr]
     kv.issue_transfers()
     kv.drain()
     hbm.zero_()
-    assert kv.rotate_in("a")
+    assert kv.rotate_in("a")  # blocks being copied in
     assert not kv.is_resident("a")
     kv.issue_transfers()
     kv.drain()
@@ -229,7 +254,7 @@ def test_abort_during_in_flight_transfer_leaks_nothing() -> None:
     kv, _, _ = _manager(transfer=gated)
     _fill(kv, "a", 3 * BS + 1)
     _fill(kv, "b", 2 * BS)
-    assert kv.rotate_out("a")
+    assert kv.rotate_out("a") is not None
     kv.issue_transfers()  # syncs + evictions in flight, gated
     kv.poll()
     kv.free("a")

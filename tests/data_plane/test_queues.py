@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from data_plane.engine.queues import RequestQueue
-from data_plane.engine.request import Request
+from data_plane.engine.request import Request, RequestStatus
 from data_plane.engine.sampling import SamplingParams
 from shared.policy import RequestState, RequestView, columns_from_views
 from shared.policy.columns import FLOAT_FIELDS, INT_FIELDS, RequestColumns, concat_column_arrays
@@ -90,7 +90,7 @@ def test_columns_are_copies_and_bad_input_is_refused() -> None:
     with pytest.raises(ValueError, match="not waiting here"):
         queue.remove(make_request(3, rng))
     running = make_request(4, rng)
-    running.state = RequestState.RUNNING
+    running.status = RequestStatus.RUNNING
     with pytest.raises(ValueError, match="running, not waiting"):
         queue.append(running)
 
@@ -100,7 +100,7 @@ def test_a_rotary_queue_codes_its_state_and_takes_fresh_counts() -> None:
     queue = RequestQueue(view_of, RequestState.ROTARY)
     requests = [make_request(seq, rng) for seq in range(3)]
     for request in requests:
-        request.state = RequestState.ROTARY
+        request.status = RequestStatus.ROTARY
         queue.append(request)
     fresh = np.array([5, 0, 7], np.int64)
     columns = snapshot_columns(queue, {"num_blocks_hbm": fresh})
