@@ -16,9 +16,9 @@ from redis.exceptions import RedisError
 from control_plane.service import ControlPlane
 from control_plane.settings import ControlPlaneSettings
 from shared.health import redis_reachable, serve_health
-from shared.knobs import knobs_from_mapping, write_knobs
+from shared.knobs import knobs_from_mapping, seed_knobs, write_knobs
 from shared.slo import slo_classes_from_mapping, write_slo_classes
-from shared.streams import KNOBS_KEY, SLO_CLASSES_KEY
+from shared.streams import SLO_CLASSES_KEY
 
 log = structlog.get_logger(__name__)
 
@@ -87,10 +87,14 @@ async def apply_config(
     classes: dict[str, Any] | None,
     overwrite: bool = False,
 ) -> None:
-    """Write the knobs and SLO classes unless Redis already has some (or ``overwrite``)."""
-    if knobs and (overwrite or not await redis.hexists(KNOBS_KEY, "version")):
+    """Write the knobs (atomically where Redis has none, unless ``overwrite``) and SLO classes
+    unless Redis already has some (or ``overwrite``)."""
+    if knobs and overwrite:
         _, version = await write_knobs(redis, knobs)
         log.info("config_knobs_written", version=version)
+    elif knobs:
+        in_force, version = await seed_knobs(redis, knobs_from_mapping(knobs))
+        log.info("config_knobs_in_force", version=version, policy=in_force.policy)
     if classes and (overwrite or not await redis.hexists(SLO_CLASSES_KEY, "version")):
         _, version = await write_slo_classes(redis, classes)
         log.info("config_slo_classes_written", version=version, classes=sorted(classes))

@@ -1,12 +1,15 @@
 """`superinfer control-plane`: plan every worker's next iteration from its latest snapshot.
 
 Each worker publishes its snapshots on its own stream; only the newest matters (older ones are
-skipped, so a slow control plane never falls behind). Plans go to each worker's plan stream.
-The knobs live in a Redis hash with a version and are reloaded when the version changes; the
-last knobs and SLO classes it saw are written back when Redis loses them
-(:mod:`control_plane.keeper`). The service keeps no state that a restart would lose: it resumes
-from the next snapshot (a delta against a table it no longer holds is skipped until the worker
-sends a whole one).
+skipped, so a slow control plane never falls behind). Plans go to each worker's plan stream,
+each with the knobs version it was made with. The knobs live in a Redis hash with a version
+(seeded where Redis has none by the first service to start: a worker's flags or
+``SUPERINFER_KNOBS``) and are reloaded when the version changes; until Redis holds knobs
+nothing is planned (the workers plan locally). The last knobs and SLO classes it saw are
+written back when Redis loses them (:mod:`control_plane.keeper`). LVF's adaptive residency is
+each worker's: its value comes in the snapshot. The service keeps no state that a restart
+would lose: it resumes from the next snapshot (a delta against a table it no longer holds is
+skipped until the worker sends a whole one).
 
 Several replicas share the workers (:mod:`control_plane.lease`): each finds the workers in the
 registry (:mod:`control_plane.snapshots`), reads and plans only those whose lease it holds, and
@@ -30,7 +33,7 @@ from shared import streams
 from shared.b_xfer import resolve_b_xfer_blocks
 from shared.knobs import read_knobs
 from shared.policy import ColumnarSnapshot, Knobs, RequestColumns, plan_handles
-from shared.policy.adaptive import ResidencyController, controlled_knobs
+from shared.policy.adaptive import residency_knobs
 from shared.protocol import RotationPlan, StateSnapshot, encode
 from shared.protocol.convert import columns_from_table
 from shared.runtime import (
@@ -80,16 +83,14 @@ def plan_for(
     msg: StateSnapshot,
     knobs: Knobs,
     knobs_version: int,
-    residency: ResidencyController | None = None,
     columns: RequestColumns | None = None,
 ) -> RotationPlan:
     """The plan for one worker's snapshot (``columns``: its whole table, see
-    :func:`to_policy_snapshot`); ``residency``: that worker's adaptive-residency controller
-    (LVF with ``adaptive_residency`` plans with its value)."""
+    :func:`to_policy_snapshot`), made with ``knobs`` (version ``knobs_version``) and, for LVF
+    with ``adaptive_residency``, the residency the worker's controller holds."""
     b_xfer = resolve_b_xfer(knobs, msg)
     snapshot = to_policy_snapshot(msg, b_xfer, columns)
-    if residency is not None:
-        _, knobs = controlled_knobs(snapshot, knobs, residency)
+    knobs = residency_knobs(knobs, msg.lvf_min_residency_s)
     moves = plan_handles(snapshot, knobs)
     return RotationPlan(
         worker_id=msg.worker_id,
@@ -111,14 +112,12 @@ class ControlPlane:
     def __init__(self, settings: ControlPlaneSettings, redis: Redis) -> None:
         self.settings = settings
         self.redis = redis
-        self.knobs = Knobs()
-        self.knobs_version = -1
+        self.knobs = Knobs()  # a placeholder: nothing is planned before knobs are loaded
+        self.knobs_version = 0  # of the knobs loaded from Redis; 0: none yet
         self.num_plans = 0
         self.num_fenced = 0  # plans the fence refused (lease lost, iteration already planned)
         self._knobs_checked_s = 0.0
         self.keeper = ConfigKeeper()
-        # Per worker: (its epoch, its adaptive-residency controller); restarted with the knobs.
-        self.residency: dict[str, tuple[str, ResidencyController]] = {}
         self.leases = Leases(redis, settings.replica_id, settings.lease_ttl_ms)
         self.directory = WorkerDirectory(settings.worker_forget_s)
         self.reader = SnapshotReader(redis, settings.read_block_ms)
@@ -159,8 +158,6 @@ class ControlPlane:
             self.reader.keep_only(self.leases.owned)
 
     async def _iterate(self) -> None:
-        if self.knobs_version < 0:
-            await self._reload_knobs(force=True)
         await self._heartbeat_and_knobs()
         snapshots, joined = await self.reader.read(set(self.leases.owned))
         if joined:  # a new or unplanned worker: lease it now, not at the next renewal
@@ -170,7 +167,7 @@ class ControlPlane:
             self._join_round_wanted = False
             self._join_round_s = time.monotonic()
             await self._lease_round()
-        if snapshots:
+        if snapshots and self.knobs_version > 0:  # never with knobs Redis does not hold
             await self._publish_plans(snapshots)
         collect_due_garbage()  # the plans are out: off the round trip's critical path
 
@@ -180,8 +177,7 @@ class ControlPlane:
         for snapshot in snapshots:
             msg = snapshot.msg
             try:
-                residency = self._residency_of(msg)
-                plan = plan_for(msg, self.knobs, self.knobs_version, residency, snapshot.columns)
+                plan = plan_for(msg, self.knobs, self.knobs_version, snapshot.columns)
             except (ValueError, KeyError, ArithmeticError) as exc:  # e.g. a huge count
                 self.reader.num_malformed += 1
                 log.error("unplannable_snapshot", worker_id=msg.worker_id, error=str(exc))
@@ -191,14 +187,6 @@ class ControlPlane:
         published = sum(1 for r in results if r == PUBLISHED)
         self.num_plans += published
         self.num_fenced += len(results) - published
-
-    def _residency_of(self, msg: StateSnapshot) -> ResidencyController:
-        """The worker's controller; a new incarnation (epoch) starts a new one."""
-        epoch, controller = self.residency.get(msg.worker_id, ("", None))
-        if controller is None or epoch != msg.epoch:
-            controller = ResidencyController(value_s=self.knobs.min_residency_s)
-            self.residency[msg.worker_id] = (msg.epoch, controller)
-        return controller
 
     async def _heartbeat_and_knobs(self) -> None:
         now = time.monotonic()
@@ -211,14 +199,17 @@ class ControlPlane:
         await self.keeper.check(self.redis)
         await self._reload_knobs()
 
-    async def _reload_knobs(self, force: bool = False) -> None:
+    async def _reload_knobs(self) -> None:
+        """The knobs in Redis when their version changed; none there (version 0: not written
+        yet, or lost until the keeper restores them) changes nothing."""
         version = int(await self.redis.hget(streams.KNOBS_KEY, "version") or 0)
-        if version == self.knobs_version and not force:
+        if version in (0, self.knobs_version):
             return
         try:
-            self.knobs, self.knobs_version = await read_knobs(self.redis)
+            knobs, version = await read_knobs(self.redis)
         except ValueError as exc:  # written around the validating path: keep the old knobs
             log.error("invalid_knobs_in_redis", error=str(exc))
             return
-        self.residency.clear()  # an operator's new residency is every controller's start
-        log.info("knobs_loaded", version=self.knobs_version, policy=self.knobs.policy)
+        if version > 0:  # not lost in between
+            self.knobs, self.knobs_version = knobs, version
+            log.info("knobs_loaded", version=version, policy=knobs.policy)

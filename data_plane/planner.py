@@ -1,5 +1,7 @@
-"""The worker's planner: the control plane's newest plan when it is fresh, else the same
-``shared.policy`` code run locally. Switches are logged both ways."""
+"""The worker's planner: the control plane's newest plan when it is fresh and made with the
+knobs the worker holds, else the same ``shared.policy`` code run locally. It owns the worker's
+one LVF residency controller (its value travels in the snapshots: the control plane plans with
+it). Switches are logged both ways."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ log = structlog.get_logger(__name__)
 class HybridPlanner:
     def __init__(self, knobs: Knobs, max_age_iterations: int, epoch: str) -> None:
         self._knobs = knobs
+        self.knobs_version = 0  # of ``knobs`` in Redis (0: the worker's flags, not from Redis)
         # LVF's adaptive residency, fed every snapshot (warm when planning turns local).
         self.residency = ResidencyController(value_s=knobs.min_residency_s)
         self.epoch = epoch
@@ -39,6 +42,12 @@ class HybridPlanner:
             self.residency = ResidencyController(value_s=knobs.min_residency_s)
         self._knobs = knobs
 
+    def use_knobs(self, knobs: Knobs, version: int) -> None:
+        """The knobs in Redis at ``version``; a plan made with other knobs is dropped."""
+        if version != self.knobs_version:
+            self.remote = None
+        self.knobs, self.knobs_version = knobs, version
+
     @property
     def min_residency_s(self) -> float:
         """The residency LVF plans with here: the controller's, or the pinned knob."""
@@ -47,8 +56,8 @@ class HybridPlanner:
 
     def offer(self, plan: RotationPlan) -> bool:
         """A plan arrived from the control plane; keep it if it is the newest of this
-        incarnation. Returns whether it was kept."""
-        if plan.epoch != self.epoch:
+        incarnation, made with the knobs held here. Returns whether it was kept."""
+        if plan.epoch != self.epoch or plan.knobs_version != self.knobs_version:
             return False
         if self.remote is None or plan.snapshot_iteration > self.remote.snapshot_iteration:
             self.remote = plan
@@ -66,15 +75,22 @@ class HybridPlanner:
         base = remote.snapshot_iteration
         return base if 0 < iteration - base <= self.max_age_iterations else None
 
+    def remote_for(self, iteration: int) -> RotationPlan | None:
+        """The remote plan iteration ``iteration`` runs under: the newest while it is fresh
+        (its transitions, or after them nothing new until the next plan), else None: the
+        iteration plans locally. The worker sets B_xfer from this before the step."""
+        remote = self.remote
+        if remote is None:
+            return None
+        fresh = 0 <= iteration - remote.snapshot_iteration <= self.max_age_iterations
+        return remote if fresh else None
+
     def __call__(self, snapshot: Snapshot | ColumnarSnapshot) -> Plan:
         """The plan for this iteration (the worker's engine hands columns; views work too)."""
         snapshot, knobs = controlled_knobs(snapshot, self._knobs, self.residency)
-        remote = self.remote
-        fresh = remote is not None and (
-            0 <= snapshot.iteration - remote.snapshot_iteration <= self.max_age_iterations
-        )
-        self._switch("remote" if fresh else "local", snapshot.iteration)
-        if remote is None or not fresh:
+        remote = self.remote_for(snapshot.iteration)
+        self._switch("local" if remote is None else "remote", snapshot.iteration)
+        if remote is None:
             self.num_local += 1
             return make_plan(snapshot, knobs)
         self.num_remote += 1

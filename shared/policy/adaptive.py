@@ -17,9 +17,11 @@ an exponential average over ``window_s`` of it and, once per ``period_s``:
 - below ``overdue_low``: divides it by 1.5 (down to ``min_s``).
 
 The policy itself stays a pure function: :func:`controlled_knobs` returns the knobs to plan
-with; the state lives in a small object each planner owns (worker, control plane per worker,
-simulator). Operators see ``value_s`` (metrics, admin) and pin the residency by turning the
-``adaptive_residency`` knob off.
+with; the state lives in a small object one planner per engine owns (the worker's, or the
+simulator's). A worker's value travels in its snapshots and the control plane plans with it
+(:func:`residency_knobs`), so there is one controller per worker whoever plans. Operators see
+``value_s`` (metrics, admin) and pin the residency by turning the ``adaptive_residency`` knob
+off.
 """
 
 from __future__ import annotations
@@ -88,9 +90,21 @@ def controlled_knobs(
 ) -> tuple[Snapshot | ColumnarSnapshot, Knobs]:
     """``knobs`` with the controller's residency when LVF runs with ``adaptive_residency``
     (the snapshot comes back as columns then, so that LVF does not convert it twice)."""
-    if knobs.policy != "lvf" or not knobs.adaptive_residency:
+    if not _adapts(knobs):
         return snapshot, knobs
     if isinstance(snapshot, Snapshot):
         snapshot = columnar_from_snapshot(snapshot)
     residency_s = controller.observe(snapshot, knobs.slo_tbt_s)
     return snapshot, dataclasses.replace(knobs, min_residency_s=residency_s)
+
+
+def residency_knobs(knobs: Knobs, residency_s: float | None) -> Knobs:
+    """``knobs`` with ``residency_s``, a controller's value (the worker's, from its snapshot),
+    when LVF runs with ``adaptive_residency``; unchanged otherwise or without a value."""
+    if residency_s is None or not _adapts(knobs):
+        return knobs
+    return dataclasses.replace(knobs, min_residency_s=residency_s)
+
+
+def _adapts(knobs: Knobs) -> bool:
+    return knobs.policy == "lvf" and knobs.adaptive_residency

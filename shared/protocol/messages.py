@@ -255,6 +255,9 @@ class StateSnapshot:
     # None: ``requests`` is the whole table; else it holds the rows changed since the delta's
     # base (an earlier iteration of this epoch) and the delta names every request in order.
     delta: TableDelta | None = None
+    # LVF's minimum residency in force on the worker (its adaptive controller's value, or the
+    # pinned knob): the control plane plans with it. None: the sender keeps none (the knob's).
+    lvf_min_residency_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.delta is not None:
@@ -270,9 +273,9 @@ class StateSnapshot:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if not math.isfinite(self.t_now_s):
             raise ValueError("t_now_s must be finite")
-        for name in ("iteration_time_s", "link_bytes_per_s"):
+        for name in ("iteration_time_s", "link_bytes_per_s", "lvf_min_residency_s"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
+            if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
 
 
@@ -334,7 +337,9 @@ class WorkerStatus:
     num_running: int
     num_waiting: int
     num_rotary: int
-    num_waiting_tokens: int  # prompt tokens not yet computed, over waiting requests
+    # tokens not yet computed over waiting requests: their prompts, and the output a preempted
+    # one recomputes too (prefix-cache hits are known only at admission: counted)
+    num_waiting_tokens: int
     num_hbm_blocks: int
     num_free_hbm_blocks: int
     num_dram_blocks: int

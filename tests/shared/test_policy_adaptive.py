@@ -15,6 +15,7 @@ from shared.policy.adaptive import (
     ResidencyController,
     controlled_knobs,
     overdue_now,
+    residency_knobs,
 )
 from shared.policy.columns import columnar_from_snapshot
 from tests.shared.policy_views import rotary, running, snap, waiting
@@ -85,18 +86,14 @@ def test_the_worker_planner_feeds_it_and_a_new_residency_knob_restarts_it() -> N
     assert planner.residency.value_s == 0.3
 
 
-def test_the_control_plane_keeps_one_controller_per_worker_incarnation() -> None:
-    from redis.asyncio import Redis
-
-    from control_plane.service import ControlPlane
-    from control_plane.settings import ControlPlaneSettings
-
-    plane = ControlPlane(ControlPlaneSettings(), redis=Redis())  # never connects here
-    msg = dataclasses.make_dataclass("Msg", ["worker_id", "epoch"])
-    first = plane._residency_of(msg("w0", "e1"))  # type: ignore[arg-type]
-    assert plane._residency_of(msg("w0", "e1")) is first  # type: ignore[arg-type]
-    assert plane._residency_of(msg("w1", "e1")) is not first  # type: ignore[arg-type]
-    assert plane._residency_of(msg("w0", "e2")) is not first  # type: ignore[arg-type]
+def test_a_workers_residency_is_planned_with_only_under_adaptive_lvf() -> None:
+    assert residency_knobs(ADAPTIVE, 1.25) == dataclasses.replace(ADAPTIVE, min_residency_s=1.25)
+    assert residency_knobs(ADAPTIVE, None) == ADAPTIVE  # the sender keeps none: the knob's
+    for knobs in (
+        Knobs(policy="vllm", adaptive_residency=True),
+        Knobs(policy="lvf", adaptive_residency=False),
+    ):
+        assert residency_knobs(knobs, 1.25) == knobs
 
 
 def test_operators_see_the_value_planned_with_and_can_pin_it() -> None:
