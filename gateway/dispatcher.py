@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 
 from gateway.bus import DedicatedConnection
 from gateway.errors import APIError
+from gateway.inflight import InFlight, InFlightRequests, Route
 from shared import streams
 from shared.protocol import AbortRequest, SubmitRequest, TokenOutput, TokenOutputs, encode
 from shared.protocol.convert import stream_messages
@@ -23,41 +24,22 @@ from shared.runtime import loop_with_backoff
 log = structlog.get_logger(__name__)
 
 
-@dataclass(eq=False)
-class RequestHandle:
-    """One in-flight request's wire state, changed only by the :class:`Dispatcher` (its
-    ``Generation`` owns the rest: parameters, placement, the worker it watches, the submit
-    kept for a move). ``outputs`` is bounded: a client that stops reading while the worker
-    keeps producing ends with ``overflowed`` set."""
-
-    request_id: str
-    worker_id: str
-    num_prompt_tokens: int
-    outputs: asyncio.Queue[TokenOutput]
-    # The id the worker knows it by: the request id, with ".rN" appended when the request was
-    # moved to another worker (outputs of an earlier attempt then find no handle).
-    wire_id: str = ""
-    entry_id: bytes | str | None = None  # its entry in the worker's request stream
-    num_attempts: int = 1
-    num_received: int = 0  # output tokens received so far (the next expected index)
-    overflowed: bool = False
-    failure: APIError | None = None  # set by the gateway (e.g. the worker died)
-    lost_output: bool = False  # an output message is missing (index gap)
-    done: bool = False
-
-
 class Dispatcher:
-    def __init__(self, redis: Redis, gateway_id: str, max_buffered: int, block_ms: int) -> None:
+    """Writes requests to workers' streams and routes their outputs to the in-flight
+    records (:class:`~gateway.inflight.InFlightRequests`, the generation service's)."""
+
+    def __init__(
+        self, redis: Redis, gateway_id: str, block_ms: int, live: InFlightRequests
+    ) -> None:
         self.redis = redis
         self.gateway_id = gateway_id
         self.reply_stream = streams.gateway_outputs_stream(gateway_id)
-        self.max_buffered = max_buffered
         self.block_ms = block_ms
-        self.handles: dict[str, RequestHandle] = {}
+        self.live = live
         self.num_malformed = 0
         self.num_duplicates = 0
         self._last_id: Any = "$"
-        self._overflowed: list[RequestHandle] = []  # to abort on their workers
+        self._overflowed: list[Route] = []  # to abort on their workers
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._submitter = DedicatedConnection(redis)  # the pool when a submit is in flight
@@ -79,35 +61,18 @@ class Dispatcher:
         with contextlib.suppress(Exception):
             await self.redis.delete(self.reply_stream)
 
-    def open(self, request_id: str, worker_id: str, num_prompt_tokens: int) -> RequestHandle:
-        handle = RequestHandle(
-            request_id, worker_id, num_prompt_tokens, asyncio.Queue(self.max_buffered), request_id
-        )
-        self.handles[request_id] = handle
-        return handle
-
-    def fail(self, handle: RequestHandle, error: APIError) -> None:
-        """End ``handle`` with ``error`` (its consumer raises it at its next read)."""
-        handle.failure = error
-        with contextlib.suppress(asyncio.QueueFull):
-            handle.outputs.put_nowait(TokenOutput(handle.request_id, -1, []))  # a wake-up
-
-    def release(self, handle: RequestHandle) -> None:
-        handle.done = True
-        self.handles.pop(handle.wire_id, None)
-
-    async def submit(self, handle: RequestHandle, request: SubmitRequest) -> None:
-        """The request to the worker's stream (the worker records its arrival and admission
-        in the lifecycle hash; nothing else sits on this path)."""
-        stream, data = streams.worker_requests_stream(handle.worker_id), encode(request)
-        maxlen = streams.MAXLEN_REQUESTS
+    async def submit(self, record: InFlight, request: SubmitRequest) -> None:
+        """The request to its route's worker stream (the worker records its arrival and
+        admission in the lifecycle hash; nothing else sits on this path)."""
+        stream = streams.worker_requests_stream(record.route.worker_id)
+        data, maxlen = encode(request), streams.MAXLEN_REQUESTS
         if self._submitter.busy:  # concurrent submits go through the pool, side by side
             entry_id = await self.redis.xadd(stream, {"m": data}, maxlen=maxlen, approximate=True)
         else:
             entry_id = await self._submitter.execute(
                 "XADD", stream, "MAXLEN", "~", maxlen, "*", "m", data
             )
-        handle.entry_id = entry_id
+        record.entry_id = entry_id
 
     async def record(self, request_id: str, fields: dict[str, str | float | int]) -> None:
         """``fields`` into the request's lifecycle hash (which expires after the TTL)."""
@@ -121,39 +86,34 @@ class Dispatcher:
         flat = [item for pair in fields.items() for item in pair]
         await self._recorder.execute_many(("HSET", key, *flat), ("EXPIRE", key, ttl_s))
 
-    async def move(self, handle: RequestHandle, request: SubmitRequest, worker_id: str) -> None:
-        """Resubmit ``handle``'s request to ``worker_id`` under a new wire id, after deleting
-        its entry from the old worker's stream and telling the old worker to abort it, so a
-        late or restarted old worker neither runs it again nor mixes in its tokens."""
-        old_stream = streams.worker_requests_stream(handle.worker_id)
-        old_wire_id, old_entry_id = handle.wire_id, handle.entry_id
-        handle.num_attempts += 1
-        wire_id = f"{handle.request_id}.r{handle.num_attempts}"
-        # Routed under the new id before the resubmit is written: a fast new worker's first
-        # output can arrive before this coroutine resumes, and must find its request.
-        self.handles.pop(old_wire_id, None)
-        handle.wire_id, handle.worker_id, handle.entry_id = wire_id, worker_id, None
-        handle.num_received = 0
-        if not handle.done:
-            self.handles[wire_id] = handle
-        async with self.redis.pipeline(transaction=False) as pipe:
+    async def move(self, record: InFlight, request: SubmitRequest, route: Route) -> None:
+        """Resubmit ``record``'s request on ``route`` (a new wire id), deleting its entry from
+        the old worker's stream and telling the old worker to abort it, so a late or
+        restarted old worker neither runs it again nor mixes in its tokens. The record is
+        rerouted before the writes (a fast new worker's first output can arrive before this
+        coroutine resumes, and must find it); the three writes are one MULTI/EXEC."""
+        old_entry_id = record.entry_id
+        old = self.live.reroute(record, route)
+        old_stream = streams.worker_requests_stream(old.worker_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
             if old_entry_id is not None:
                 pipe.xdel(old_stream, old_entry_id)
-            pipe.xadd(old_stream, {"m": encode(AbortRequest(old_wire_id))})
+            pipe.xadd(old_stream, {"m": encode(AbortRequest(old.wire_id))})
             pipe.xadd(
-                streams.worker_requests_stream(worker_id),
-                {"m": encode(replace(request, request_id=wire_id))},
+                streams.worker_requests_stream(route.worker_id),
+                {"m": encode(replace(request, request_id=route.wire_id))},
                 maxlen=streams.MAXLEN_REQUESTS,
                 approximate=True,
             )
             results = await pipe.execute()
-        handle.entry_id = results[-1]
+        if record.route is route:
+            record.entry_id = results[-1]
 
-    async def abort(self, handle: RequestHandle) -> None:
-        """Tell the worker to drop the request (frees its blocks in every tier)."""
+    async def abort(self, route: Route) -> None:
+        """Tell ``route``'s worker to drop that attempt (frees its blocks in every tier)."""
         await self.redis.xadd(
-            streams.worker_requests_stream(handle.worker_id),
-            {"m": encode(AbortRequest(handle.wire_id))},
+            streams.worker_requests_stream(route.worker_id),
+            {"m": encode(AbortRequest(route.wire_id))},
             maxlen=streams.MAXLEN_REQUESTS,
             approximate=True,
         )
@@ -188,33 +148,20 @@ class Dispatcher:
             await asyncio.sleep(0)
 
     def _route(self, msg: TokenOutput) -> None:
-        handle = self.handles.get(msg.request_id)
-        if handle is None or handle.done:
-            return  # finished or abandoned: a late or duplicate message
-        if msg.index < handle.num_received:  # a redelivery repeats tokens we already have
+        record = self.live.get(msg.request_id)
+        if record is None:
+            return  # finished, abandoned or moved: a late or duplicate message
+        if msg.index < record.num_received:  # a redelivery repeats tokens we already have
             self.num_duplicates += 1
-            skip = handle.num_received - msg.index
+            skip = record.num_received - msg.index
             if skip >= len(msg.token_ids) and msg.finish_reason is None:
                 return
-            msg = TokenOutput(
-                handle.request_id,
-                handle.num_received,
-                msg.token_ids[skip:],
-                msg.finish_reason,
-                msg.error,
-                msg.num_prompt_tokens,
-                msg.t_first_run_s,
-                msg.num_preemptions,
-                msg.num_rotations,
-                msg.error_kind,
-            )
-        elif msg.index > handle.num_received:
-            handle.lost_output = True
+            msg = replace(msg, index=record.num_received, token_ids=msg.token_ids[skip:])
+        elif msg.index > record.num_received:
             log.error("output_gap", request_id=msg.request_id, index=msg.index)
-        handle.num_received = msg.index + len(msg.token_ids)
-        try:
-            handle.outputs.put_nowait(msg)
-        except asyncio.QueueFull:
-            if not handle.overflowed:  # its client stopped reading: the worker need not go on
-                self._overflowed.append(handle)
-            handle.overflowed = True
+            record.outputs.end(APIError(502, "output from the worker was lost", code="lost_output"))
+        record.num_received = msg.index + len(msg.token_ids)
+        if not record.outputs.put(msg):  # its client stopped reading: the worker need not go on
+            error = APIError(503, "client is reading too slowly; request dropped", code="overflow")
+            if record.outputs.end(error):
+                self._overflowed.append(record.route)

@@ -12,8 +12,9 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.dispatcher import Dispatcher, RequestHandle
+from gateway.dispatcher import Dispatcher
 from gateway.errors import APIError
+from gateway.inflight import InFlight, InFlightRequests, Route
 from gateway.limits import KeyLimiter
 from gateway.metrics import GatewayMetrics
 from gateway.placement import Placement
@@ -72,22 +73,13 @@ class Generation:
     """A submitted request; iterate :meth:`deltas` once. Its usage counts are final after."""
 
     def __init__(
-        self,
-        service: GenerationService,
-        handle: RequestHandle,
-        params: GenerationParams,
-        placement: Placement,
+        self, service: GenerationService, record: InFlight, params: GenerationParams
     ) -> None:
+        """``record``: the request in flight (route, placement, outputs; the service's)."""
         self.service = service
-        self.handle = handle
+        self.record = record
         self.params = params
-        self.placement = placement
-        # The worker it runs on as last seen alive (a restart changes the epoch), and the
-        # submit kept until the first token, to move the request if that worker dies.
-        self.worker_epoch = ""
-        self.t_worker_seen_s = 0.0
-        self.submit: SubmitRequest | None = None
-        self.request_id = handle.request_id
+        self.request_id = record.request_id
         self.num_prompt_tokens = len(params.prompt_token_ids)
         self.num_completion_tokens = 0
         self.finish_reason: str | None = None
@@ -115,21 +107,14 @@ class Generation:
             self.service.finish(self)
 
     async def _next_output(self, keepalive_s: float | None) -> TokenOutput | None:
-        handle = self.handle
-        msg: TokenOutput | None
-        try:
-            msg = handle.outputs.get_nowait()  # no timer when an output is already waiting
-        except asyncio.QueueEmpty:
+        """The next output (None: a keep-alive is due); raises the request's outcome once it
+        failed (worker lost, client too slow, output lost) or the worker's error."""
+        msg = self.record.outputs.get_nowait()  # no timer when an output is already waiting
+        if msg is None:
             msg = await self._wait_output(keepalive_s)
             if msg is None:
                 return None
         self._wait_deadline = None
-        if handle.failure is not None:
-            raise handle.failure
-        if handle.overflowed:
-            raise APIError(503, "client is reading too slowly; request dropped", code="overflow")
-        if handle.lost_output:
-            raise APIError(502, "output from the worker was lost", code="lost_output")
         if msg.error:  # a rejected request (400) or the worker's own failure (500)
             failed = msg.index > 0 or msg.error_kind == "engine"
             raise APIError(500 if failed else 400, msg.error, code="worker_error")
@@ -145,7 +130,7 @@ class Generation:
         keepalive = keepalive_s is not None and 0 < keepalive_s < left_s
         try:
             async with asyncio.timeout(keepalive_s if keepalive else left_s):
-                return await self.handle.outputs.get()
+                return await self.record.outputs.get()
         except TimeoutError:
             if keepalive:
                 return None
@@ -157,15 +142,14 @@ class Generation:
         if msg.t_first_run_s is not None:
             self._timeline.t_first_run_s = msg.t_first_run_s
         if msg.token_ids and self._timeline.t_first_s is None:
-            self.placement.started()
-            self.submit = None
+            self.record.started()
         self._timeline.on_tokens(len(msg.token_ids), now)
         self.num_completion_tokens += len(msg.token_ids)
         text = self._detok.add(msg.token_ids)
         reason = msg.finish_reason
         if self._detok.stopped:  # a stop string ends it, even in the worker's last message
             if reason is None:
-                self.service.abort_later(self.handle)  # the worker need not go on
+                self.service.abort_later(self.record.route)  # the worker need not go on
             reason = "stop"
         if reason is not None:
             text += self._detok.flush()
@@ -187,6 +171,8 @@ class GenerationService:
         directory: WorkerDirectory,
         metrics: GatewayMetrics,
     ) -> None:
+        """``dispatcher`` routes outputs into this service's in-flight records
+        (``dispatcher.live``, the one index of live requests)."""
         self.settings = settings
         self.redis = redis
         self.tokenizer = tokenizer
@@ -194,7 +180,7 @@ class GenerationService:
         self.directory = directory
         self.metrics = metrics
         self._background: set[asyncio.Task[None]] = set()
-        self.active: dict[str, Generation] = {}  # by request id, until finish()
+        self.live: InFlightRequests = dispatcher.live
         self.key_limiter = KeyLimiter(
             settings.max_concurrent_per_key, settings.max_requests_per_s_per_key
         )
@@ -206,9 +192,10 @@ class GenerationService:
         placement = Placement(  # before any await; 429 when over the key's limits
             self.directory, self.key_limiter, status.worker_id, num_prompt_tokens, params.key_id
         )
-        handle = self.dispatcher.open(request_id, status.worker_id, num_prompt_tokens)
-        generation = Generation(self, handle, params, placement)
-        generation.worker_epoch, generation.t_worker_seen_s = status.epoch, status.t_heartbeat_s
+        route = Route(status.worker_id, status.epoch, request_id)
+        max_buffered = self.settings.max_buffered_outputs
+        record = InFlight(request_id, route, placement, max_buffered, status.t_heartbeat_s)
+        generation = Generation(self, record, params)
         submit = SubmitRequest(
             request_id=request_id,
             prompt_token_ids=params.prompt_token_ids,
@@ -220,28 +207,24 @@ class GenerationService:
             slo_ttft_s=params.slo.ttft_s,
             slo_tbt_s=params.slo.tbt_s,
         )
+        record.submit = submit  # kept until the first token, to move it if its worker dies
+        self.live.add(record)  # before the submit: its first output must find it
         try:
-            await self.dispatcher.submit(handle, submit)
+            await self.dispatcher.submit(record, submit)
         except RedisError as exc:
-            self.dispatcher.release(handle)
-            placement.release()
+            self.live.release(record)
             raise APIError(503, f"could not reach the request bus: {exc}", code="bus") from exc
-        generation.submit = submit
-        self.active[request_id] = generation
         log.info("request_submitted", request_id=request_id, worker_id=status.worker_id)
         return generation
 
     def finish(self, generation: Generation) -> None:
         """Bookkeeping when a generation ends for any reason (finished, error, disconnect)."""
-        handle, timeline = generation.handle, generation.timeline
-        if handle.done:
+        record, timeline = generation.record, generation.timeline
+        if not self.live.release(record):
             return
-        self.dispatcher.release(handle)
-        generation.placement.release()
-        self.active.pop(generation.request_id, None)
         reason = generation.finish_reason
         if reason is None:  # the client went away, or an error: free the worker's blocks
-            self.abort_later(handle)
+            self.abort_later(record.route)
             reason = "abort"
         now = time.time()
         slo = generation.params.slo
@@ -271,45 +254,44 @@ class GenerationService:
         token yet go to another worker, the others end with a clear error."""
         now = time.time()
         dead_s = self.settings.worker_dead_s
-        for generation in list(self.active.values()):
-            handle = generation.handle
-            if handle.done:  # finished while an earlier request was being moved
+        for record in self.live:
+            if record.released:  # finished while an earlier request was being moved
                 continue
-            status = self.directory.statuses.get(handle.worker_id)
-            if status is not None and status.epoch == generation.worker_epoch:
-                generation.t_worker_seen_s = max(generation.t_worker_seen_s, status.t_heartbeat_s)
-            restarted = status is not None and status.epoch != generation.worker_epoch
-            if not restarted and now - generation.t_worker_seen_s <= dead_s:
+            route = record.route
+            status = self.directory.statuses.get(route.worker_id)
+            if status is not None and status.epoch == route.epoch:
+                record.t_route_seen_s = max(record.t_route_seen_s, status.t_heartbeat_s)
+            restarted = status is not None and status.epoch != route.epoch
+            if not restarted and now - record.t_route_seen_s <= dead_s:
                 continue
-            if generation.submit is not None and handle.num_received == 0:
+            if record.submit is not None and record.num_received == 0:
                 try:
-                    if await self._resubmit(generation):
+                    if await self._resubmit(record, record.submit):
                         continue
                 except RedisError as exc:
-                    log.error("resubmit_failed", request_id=handle.request_id, error=str(exc))
+                    log.error("resubmit_failed", request_id=record.request_id, error=str(exc))
             reason = "restarted" if restarted else f"sent no heartbeat for {dead_s:g} s"
-            message = f"worker {handle.worker_id} {reason}; the request was lost"
-            log.error("request_lost_with_worker", request_id=handle.request_id, reason=reason)
-            self.dispatcher.fail(handle, APIError(503, message, code="worker_lost"))
+            message = f"worker {route.worker_id} {reason}; the request was lost"
+            log.error("request_lost_with_worker", request_id=record.request_id, reason=reason)
+            record.outputs.end(APIError(503, message, code="worker_lost"))
 
-    async def _resubmit(self, generation: Generation) -> bool:
-        handle, submit = generation.handle, generation.submit
-        candidates = [s for s in self.directory.routable() if s.worker_id != handle.worker_id]
-        if submit is None or not candidates:
+    async def _resubmit(self, record: InFlight, submit: SubmitRequest) -> bool:
+        old = record.route
+        candidates = [s for s in self.directory.routable() if s.worker_id != old.worker_id]
+        if not candidates:
             return False
         status = min(candidates, key=self.directory.predicted_lag_s)
-        generation.placement.move(status.worker_id)  # before the await (no-op once released)
-        await self.dispatcher.move(handle, submit, status.worker_id)
-        if handle.done:  # the client left while it moved: drop the new copy too
-            self.abort_later(handle)
+        route = old.next(status.worker_id, status.epoch, record.request_id)
+        record.t_route_seen_s = status.t_heartbeat_s
+        await self.dispatcher.move(record, submit, route)
+        if record.released:  # the client left while it moved: drop the new copy too
+            self.abort_later(route)
             return True
-        generation.worker_epoch = status.epoch
-        generation.t_worker_seen_s = status.t_heartbeat_s
-        log.warning("request_moved", request_id=handle.request_id, worker_id=status.worker_id)
+        log.warning("request_moved", request_id=record.request_id, worker_id=status.worker_id)
         return True
 
-    def abort_later(self, handle: RequestHandle) -> None:
-        self._spawn(self.dispatcher.abort(handle))
+    def abort_later(self, route: Route) -> None:
+        self._spawn(self.dispatcher.abort(route))
 
     def _record(self, request_id: str, **fields: str | float | int) -> None:
         self._spawn(self.dispatcher.record(request_id, fields))

@@ -11,6 +11,9 @@ from gateway.workers import WorkerDirectory
 
 
 class Placement:
+    """The counts one request holds. The worker whose queue counts it is its route's
+    (:class:`gateway.inflight.InFlight` passes it in, and moves both in one step)."""
+
     def __init__(
         self,
         directory: WorkerDirectory,
@@ -19,34 +22,33 @@ class Placement:
         num_prompt_tokens: int,
         key_id: str | None,
     ) -> None:
-        """Take both parts; a key over its limits raises (429) and takes nothing."""
+        """Take both parts, queued on ``worker_id``; a key over its limits raises (429) and
+        takes nothing."""
         if key_id is not None:
             key_limiter.acquire(key_id)
         directory.enqueue(worker_id, num_prompt_tokens)
         self._directory = directory
         self._key_limiter = key_limiter
         self._key_id = key_id
-        self.worker_id = worker_id  # whose queue counts this request while ``queued``
         self.num_prompt_tokens = num_prompt_tokens
         self.queued = True
         self.released = False
 
-    def move(self, worker_id: str) -> None:
-        """The request was resubmitted to ``worker_id``: count it there instead."""
+    def move(self, from_worker_id: str, to_worker_id: str) -> None:
+        """The request was resubmitted: count it on ``to_worker_id`` instead."""
         if self.queued:
-            self._directory.dequeue(self.worker_id, self.num_prompt_tokens)
-            self._directory.enqueue(worker_id, self.num_prompt_tokens)
-        self.worker_id = worker_id
+            self._directory.dequeue(from_worker_id, self.num_prompt_tokens)
+            self._directory.enqueue(to_worker_id, self.num_prompt_tokens)
 
-    def started(self) -> None:
-        """The first token arrived: the request left its worker's queue."""
+    def started(self, worker_id: str) -> None:
+        """The first token arrived: the request left ``worker_id``'s queue."""
         if self.queued:
             self.queued = False
-            self._directory.dequeue(self.worker_id, self.num_prompt_tokens)
+            self._directory.dequeue(worker_id, self.num_prompt_tokens)
 
-    def release(self) -> None:
-        """The request ended (any way): give back whatever is still held."""
-        self.started()
+    def release(self, worker_id: str) -> None:
+        """The request (routed to ``worker_id``) ended, any way: give back what is held."""
+        self.started(worker_id)
         if not self.released:
             self.released = True
             if self._key_id is not None:

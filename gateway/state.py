@@ -14,6 +14,7 @@ from gateway.auth import ApiKeyCache
 from gateway.chat import ChatRenderer
 from gateway.dispatcher import Dispatcher
 from gateway.generation import GenerationService
+from gateway.inflight import InFlightRequests
 from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptEncoder
 from gateway.settings import GatewaySettings
@@ -53,7 +54,7 @@ class GatewayState:
             max_misses=settings.max_cached_api_key_misses,
         )
         self.dispatcher = Dispatcher(
-            self.redis, self.gateway_id, settings.max_buffered_outputs, settings.output_block_ms
+            self.redis, self.gateway_id, settings.output_block_ms, InFlightRequests()
         )
         self.metrics = GatewayMetrics(self.directory, self.model_name, settings.vllm_metrics)
         self.generations = GenerationService(

@@ -13,9 +13,9 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from gateway.dispatcher import RequestHandle
 from gateway.errors import APIError
 from gateway.generation import KEEPALIVE, Generation, GenerationParams
+from gateway.inflight import InFlight, Route
 from gateway.limits import KeyLimiter
 from gateway.placement import Placement
 from gateway.settings import GatewaySettings
@@ -42,13 +42,13 @@ class _Service:
         self.num_finished += 1
 
 
-def _generation(token_timeout_s: float) -> tuple[Generation, RequestHandle, _Service]:
+def _generation(token_timeout_s: float) -> tuple[Generation, InFlight, _Service]:
     service = _Service(token_timeout_s)
-    handle = RequestHandle("r", "w", 2, asyncio.Queue())
     params = GenerationParams([1, 2], SamplingParams(8), SloClass("standard", 5.0, 0.1))
     service_any: Any = service
     placement = Placement(service_any.directory, KeyLimiter(4, 4.0), "w", 2, None)
-    return Generation(service_any, handle, params, placement), handle, service
+    record = InFlight("r", Route("w", "e1", "r"), placement, 0, 0.0)
+    return Generation(service_any, record, params), record, service
 
 
 def _tokens(text: str) -> list[int]:
@@ -56,13 +56,13 @@ def _tokens(text: str) -> list[int]:
 
 
 async def test_keepalives_while_queued_and_in_a_gap_between_tokens() -> None:
-    generation, handle, service = _generation(token_timeout_s=5.0)
+    generation, record, service = _generation(token_timeout_s=5.0)
 
     async def worker() -> None:
         await asyncio.sleep(0.35)  # queued: about 3 keep-alives
-        handle.outputs.put_nowait(TokenOutput("r", 0, _tokens("Hi")))
+        record.outputs.put(TokenOutput("r", 0, _tokens("Hi")))
         await asyncio.sleep(0.25)  # a gap: about 2 more
-        handle.outputs.put_nowait(TokenOutput("r", 2, _tokens("!"), finish_reason="length"))
+        record.outputs.put(TokenOutput("r", 2, _tokens("!"), finish_reason="length"))
 
     feeding = asyncio.create_task(worker())
     seen = ["K" if d is KEEPALIVE else d.text async for d in generation.deltas(0.1)]
@@ -85,9 +85,9 @@ async def test_the_token_timeout_counts_across_keepalives() -> None:
 
 
 async def test_no_keepalives_unless_asked() -> None:
-    generation, handle, _ = _generation(token_timeout_s=5.0)
+    generation, record, _ = _generation(token_timeout_s=5.0)
     asyncio.get_running_loop().call_later(
-        0.3, handle.outputs.put_nowait, TokenOutput("r", 0, _tokens("ok"), finish_reason="stop")
+        0.3, record.outputs.put, TokenOutput("r", 0, _tokens("ok"), finish_reason="stop")
     )
     assert [d.text async for d in generation.deltas()] == ["ok"]
 
