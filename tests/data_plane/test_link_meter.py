@@ -126,6 +126,7 @@ def test_tiered_kv_exposes_the_measured_rate() -> None:
     kv.issue_transfers()
     kv.drain()
     assert kv.tiered_stats.blocks_synced == 6
+    assert kv.transfer is not None
     assert kv.link_bytes_per_s == kv.transfer.meter.bytes_per_s(D2H) > 0
     kv.close()
     no_meter = KVCacheManager.hbm_only(8, 16)  # no link: nothing measured
@@ -147,28 +148,33 @@ def test_measured_b_xfer_blocks() -> None:
             b_xfer_blocks_at_rate(*bad)
 
 
-def _worker(kv: KVCacheManager, source: str, b_xfer: int | None) -> SimpleNamespace:
+def _worker(kv: KVCacheManager, remote_budget: int | None, b_xfer: int | None) -> SimpleNamespace:
+    """What Worker._set_b_xfer reads: the engine, the planner's plan for the next step (a
+    remote one carrying ``remote_budget``, or none: local) and the last iteration's time."""
+    remote = None if remote_budget is None else SimpleNamespace(b_xfer_blocks=remote_budget)
     return SimpleNamespace(
-        engine=SimpleNamespace(kv=kv),
-        planner=SimpleNamespace(source=source, knobs=Knobs(b_xfer=b_xfer)),
-        block_bytes=kv.transfer.block_bytes,
+        engine=SimpleNamespace(kv=kv, stats=SimpleNamespace(num_iterations=7)),
+        planner=SimpleNamespace(remote_for=lambda _: remote, knobs=Knobs(b_xfer=b_xfer)),
+        block_bytes=kv.transfer.block_bytes if kv.transfer is not None else 0,
+        _iteration_time_s=0.01,
     )
 
 
 def test_worker_planning_locally_with_auto_uses_the_measured_rate() -> None:
     hbm, dram = _pools()
     kv = KVCacheManager(NUM_BLOCKS, NUM_BLOCKS, 16, CpuTransferEngine(hbm, dram), 64)
+    assert kv.transfer is not None
     block_bytes = kv.transfer.block_bytes
-    Worker._auto_b_xfer(_worker(kv, "local", None), 0.01)  # type: ignore[arg-type]
+    Worker._set_b_xfer(_worker(kv, None, None))  # type: ignore[arg-type]
     assert kv.b_xfer_blocks == 64  # nothing measured yet: keeps its budget
     kv.transfer.meter.record(H2D, 1000 * block_bytes, 0.1)  # 10,000 blocks/s
     kv.transfer.meter.record(D2H, 1000 * block_bytes, 0.2)  # 5,000 blocks/s: the slower
-    Worker._auto_b_xfer(_worker(kv, "remote", None), 0.01)  # type: ignore[arg-type]
-    assert kv.b_xfer_blocks == 64  # remote plans carry their own budget
-    Worker._auto_b_xfer(_worker(kv, "local", 300), 0.01)  # type: ignore[arg-type]
+    Worker._set_b_xfer(_worker(kv, 77, None))  # type: ignore[arg-type]
+    assert kv.b_xfer_blocks == 77  # a fresh remote plan carries its own budget
+    Worker._set_b_xfer(_worker(kv, None, 300))  # type: ignore[arg-type]
     assert kv.b_xfer_blocks == 300  # planning locally with a fixed knob: the knob
     kv.b_xfer_blocks = 64
-    Worker._auto_b_xfer(_worker(kv, "local", None), 0.01)  # type: ignore[arg-type]
+    Worker._set_b_xfer(_worker(kv, None, None))  # type: ignore[arg-type]
     assert (
         kv.b_xfer_blocks == 50 == measured_b_xfer_blocks(kv.link_bytes_per_s, 0.01, block_bytes, 64)
     )
