@@ -199,6 +199,7 @@ async def test_an_idle_worker_still_sends_what_a_failed_write_left(redis_client:
     worker.gateways = GatewayWatch(dead_s=10.0, forget_s=3600.0)
     worker._read_plans = nothing_new  # type: ignore[method-assign,assignment]
     worker._refresh_status = lambda: None  # type: ignore[method-assign]
+    worker.knobs = SimpleNamespace(seeded=True, apply=lambda: None)  # type: ignore[assignment]
     await worker._iterate()
     (entry,) = await redis_client.xrange(GW_A)
     (finish,) = decode(entry[1][b"m"], TokenOutputs).outputs
