@@ -4,10 +4,11 @@ services on different hosts agree; ids and counts only, never tensors."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
+from shared.policy.types import REQUEST_FIELDS
 from shared.protocol.codec import message
 from shared.sampling import SamplingParams
 
@@ -74,22 +75,10 @@ class RotationPlan:
 #         width follows from the length); empty when all are 0
 #   flag: uint8 0/1; empty when all are 1
 # ``states`` has one byte per request: its length is the number of requests.
-TABLE_COLUMNS: dict[str, str] = {
-    "states": "code",
-    "t_arr_s": "time",
-    "t_run_s": "opt",
-    "t_last_s": "opt",
-    "slo_ttft_s": "opt",
-    "slo_tbt_s": "opt",
-    "num_tokens": "int",
-    "num_computed_tokens": "int",
-    "num_blocks_hbm": "int",
-    "num_blocks_dram": "int",
-    "num_blocks_synced": "int",
-    "priority": "int",
-    "arrival_seq": "int",  # the request's handle: plans name requests by it
-    "resident": "flag",
-}
+# The kinds come from the one declaration of a request's fields
+# (:data:`shared.policy.types.REQUEST_FIELDS`) plus what only the wire carries; the order is
+# RequestTable's (``TABLE_COLUMNS``, built after it and checked against both).
+WIRE_ONLY_COLUMNS = {"num_blocks_synced": "int"}  # blocks whose DRAM copy is current
 COLUMN_WIDTHS = {"code": (1,), "time": (8,), "opt": (0, 8), "int": (0, 1, 2, 4, 8), "flag": (0, 1)}
 _INT_DTYPES = {1: "<i1", 2: "<i2", 4: "<i4", 8: "<i8"}
 _NUM_STATES = 3
@@ -184,6 +173,22 @@ class RequestRow:
     slo_tbt_s: float | None
     resident: bool
     arrival_seq: int
+
+
+def _table_columns() -> dict[str, str]:
+    """RequestTable's columns and kinds; TypeError if RequestTable or RequestRow disagree with
+    REQUEST_FIELDS (a field added in one place only)."""
+    kinds = {f.column: f.pack for f in REQUEST_FIELDS if f.pack != "id"} | WIRE_ONLY_COLUMNS
+    table = [f.name for f in fields(RequestTable)]
+    if sorted(table) != sorted(kinds):
+        raise TypeError(f"RequestTable's columns {table} are not REQUEST_FIELDS' {sorted(kinds)}")
+    rows = {f.name for f in fields(RequestRow)}
+    if rows != (set(kinds) - {"states"}) | {"state"}:
+        raise TypeError(f"RequestRow's fields {sorted(rows)} are not RequestTable's")
+    return {name: kinds[name] for name in table}
+
+
+TABLE_COLUMNS: dict[str, str] = _table_columns()
 
 
 @dataclass(frozen=True, slots=True)

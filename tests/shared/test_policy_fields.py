@@ -49,3 +49,19 @@ def test_a_view_type_that_drifts_from_the_declaration_is_refused() -> None:
     Retyped = NamedTuple("Retyped", list(retyped.items()))  # type: ignore[misc]
     with pytest.raises(TypeError, match="REQUEST_FIELDS"):
         check_view_fields(Retyped)
+
+
+def test_the_wire_table_follows_the_declaration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wire's request columns and their kinds come from REQUEST_FIELDS (plus the wire's
+    own synced count); a field declared but not carried by the wire table fails at import."""
+    from shared.policy.types import REQUEST_FIELDS, RequestField
+    from shared.protocol import messages
+
+    for field in REQUEST_FIELDS:
+        if field.pack != "id":
+            assert messages.TABLE_COLUMNS[field.column] == field.pack
+    assert set(messages.TABLE_COLUMNS) - {f.column for f in REQUEST_FIELDS} == {"num_blocks_synced"}
+    drifted = (*REQUEST_FIELDS, RequestField("tenant_rank", "tenant_rank", "int64", "int"))
+    monkeypatch.setattr(messages, "REQUEST_FIELDS", drifted)
+    with pytest.raises(TypeError, match="RequestTable"):
+        messages._table_columns()
