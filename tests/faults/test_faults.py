@@ -124,6 +124,40 @@ def _requests_in_flight_without_tokens(system: System, worker_id: str) -> bool:
     return bool(status["alive"] and status["num_running"] > 0 and status["num_waiting"] > 0)
 
 
+def _unstarted_on(system: System, load: Load, worker_id: str) -> set[str]:
+    """The requests in flight without a token that the gateway submitted to ``worker_id``
+    (its ``request_submitted`` log lines; none of these tests moves one before the kill)."""
+    submitted = {
+        e["request_id"]
+        for e in system.events("gateway", "request_submitted")
+        if e["worker_id"] == worker_id
+    }
+    return {
+        o.request_id
+        for o in load.outcomes
+        if o.request_id in submitted and o.t_first_token_s is None and not o.t_end_s
+    }
+
+
+async def _kill_holding_unstarted(system: System, load: Load, worker_id: str) -> set[str]:
+    """SIGKILL ``worker_id`` at a moment it holds requests without a token; their ids. The
+    worker is frozen (SIGSTOP) while that is checked, far shorter than the gateway's dead-worker
+    wait, and let go on again when it holds none: a heartbeat's count can be half a second old,
+    and on a busy host its waiting requests may all have started by the kill."""
+    process = system.processes[worker_id]
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        process.send_signal(signal.SIGSTOP)
+        await asyncio.sleep(0.3)  # outputs it wrote before the stop reach their clients
+        unstarted = _unstarted_on(system, load, worker_id)
+        if unstarted:
+            system.kill(worker_id)
+            return unstarted
+        process.send_signal(signal.SIGCONT)
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"{worker_id} never held a request without a token")
+
+
 async def test_r4_worker_killed_under_load(system: System) -> None:
     """Two workers, more clients than they run at once (each also has requests waiting for a
     slot); w0 is killed and the clients send nothing new (what was in flight plays out). w0's
@@ -141,7 +175,7 @@ async def test_r4_worker_killed_under_load(system: System) -> None:
         "both workers run requests and have more waiting",
         interval_s=0.05,
     )
-    system.kill("w0")
+    unstarted_ids = await _kill_holding_unstarted(system, load, "w0")
     t_killed = time.monotonic()
     # No new load: w1 alone cannot keep up with 40 clients, and new arrivals served ahead of
     # the moved requests would only measure its queueing (on a busy host, for minutes).
@@ -165,6 +199,12 @@ async def test_r4_worker_killed_under_load(system: System) -> None:
     assert lost and len(lost) + len(refused) == len(failed), _failures(outcomes)  # none on w1
     assert late_s <= FAILURE_REPORTED_S
     # Moved requests: streamed from w1 only, every token exactly once.
+    # A request w0 held without a token for its client either moved, or the gateway had a token
+    # of it already (in flight to the client, or held by the detokenizer mid-character): then it
+    # ended with the clear error, like those streaming.
+    by_id = {o.request_id: o for o in outcomes}
+    stayed = [by_id[i] for i in unstarted_ids - moved_ids]
+    assert all(o.error_code == "worker_lost" for o in stayed), _failures(stayed)
     assert moved, "w0 had requests without a token when it was killed: they must move"
     assert all(o.completed for o in moved), _failures(moved)
     assert not exact_tokens(outcomes, 64)
