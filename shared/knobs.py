@@ -1,9 +1,15 @@
 """The SLO knobs in Redis, their one source: one hash with a version, validated on every write.
 Every write is atomic: an update is a WATCH/MULTI/EXEC retried when another write came between
-(none is lost), a service's flags seed the knobs with one script only where Redis has none."""
+(none is lost), a service's flags seed the knobs with one script only where Redis has none.
+
+Each numeric knob has a range (:data:`KNOB_RANGES`, docs/tuning.md "Ranges"): wide enough for
+any real deployment, narrow enough that nothing the policy or the wire computes from it
+overflows (a ``b_xfer`` of 1e23 made every plan fail to encode). A boolean is no number here
+and a ``b_xfer`` must be a whole number."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, fields
 from typing import Any
 
@@ -21,6 +27,18 @@ _BOOL_FIELDS = {
     "adaptive_residency",
 }
 _BOOL_TEXT = {"true": True, "1": True, "false": False, "0": False}
+MAX_B_XFER_BLOCKS = 2**31 - 1  # blocks per iteration: 4 TB/s for 1 s in 2 KB blocks
+# (low, high), inclusive. Times: up to a day. Multipliers of a lag or an SLO: far beyond the
+# measured best values (alpha 1-12, beta -0.5-2) and still finite when multiplied by a day.
+KNOB_RANGES: dict[str, tuple[float, float]] = {
+    "alpha": (0.0, 1e4),
+    "beta_b": (-1e3, 1e3),
+    "beta_f": (-1e3, 1e3),
+    "slo_ttft_s": (1e-3, 86_400.0),
+    "slo_tbt_s": (1e-3, 86_400.0),
+    "min_residency_s": (0.0, 86_400.0),
+    "b_xfer": (0, MAX_B_XFER_BLOCKS),
+}
 
 
 def knobs_from_mapping(raw: dict[str, Any], base: Knobs | None = None) -> Knobs:
@@ -40,17 +58,51 @@ def knobs_from_mapping(raw: dict[str, Any], base: Knobs | None = None) -> Knobs:
 
 def _parse(key: str, value: Any) -> Any:
     if isinstance(value, bytes):
-        value = value.decode()
+        value = value.decode("utf-8", "backslashreplace")
     try:
         if key in _FLOAT_FIELDS:
-            return float(value)
+            return _in_range(key, _number(value))
         if key in _BOOL_FIELDS:
             return _parse_bool(value)
         if key == "b_xfer":
-            return None if value in (None, "auto", "") else int(value)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"knob {key!r}: {value!r} is not a valid value") from exc
-    return str(value)
+            return None if value in (None, "auto", "") else _in_range(key, _whole(value))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"knob {key!r}: {_shown(value)} is not a valid value ({exc})") from exc
+    if not isinstance(value, str):
+        raise ValueError(f"knob {key!r}: {_shown(value)} is not a string")
+    return value
+
+
+def _number(value: Any) -> float:
+    """A finite number from a JSON number or its text (Redis holds text); never a boolean."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise TypeError(f"a number is needed, not {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError("not a finite number")
+    return number
+
+
+def _whole(value: Any) -> int:
+    """A whole number from an integer, an integral float (1e3) or their text."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    number = _number(value)
+    if not number.is_integer():
+        raise ValueError("not a whole number")
+    return int(number)
+
+
+def _in_range(key: str, number: Any) -> Any:
+    low, high = KNOB_RANGES[key]
+    if not low <= number <= high:
+        raise ValueError(f"out of range [{low:g}, {high:g}]")
+    return number
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 64 else f"{text[:64]}..."
 
 
 def _parse_bool(value: Any) -> bool:
@@ -77,11 +129,17 @@ return redis.call('HGETALL', KEYS[1])
 MAX_WRITE_ATTEMPTS = 1000  # WATCH retries of one update (each retry means another write won)
 
 
-def _decoded(raw: dict[Any, Any]) -> tuple[Knobs, int]:
+def _stored(raw: dict[Any, Any]) -> tuple[dict[str, Any], int]:
+    """The hash's knobs (as stored, unvalidated) and version."""
     decoded = {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
     version = int(decoded.get("version", 0))
     known = {f.name for f in fields(Knobs)}  # a newer writer's extra knobs are not ours to read
-    return knobs_from_mapping({k: v for k, v in decoded.items() if k in known}), version
+    return {k: v for k, v in decoded.items() if k in known}, version
+
+
+def _decoded(raw: dict[Any, Any]) -> tuple[Knobs, int]:
+    stored, version = _stored(raw)
+    return knobs_from_mapping(stored), version
 
 
 async def read_knobs(redis: Redis) -> tuple[Knobs, int]:
@@ -92,13 +150,15 @@ async def read_knobs(redis: Redis) -> tuple[Knobs, int]:
 async def write_knobs(redis: Redis, changes: dict[str, Any]) -> tuple[Knobs, int]:
     """Validate ``changes`` against the current knobs, then store them with version + 1, in
     one transaction that is retried when the knobs changed meanwhile (a concurrent update is
-    never lost). A bad value raises ValueError and nothing is written."""
+    never lost). A bad value raises ValueError and nothing is written. ``changes`` are
+    validated over the stored values, so an update that replaces a stored value out of range
+    (written before its range existed) repairs it, and one that does not names it."""
     async with redis.pipeline(transaction=True) as pipe:
         for _ in range(MAX_WRITE_ATTEMPTS):
             try:
                 await pipe.watch(KNOBS_KEY)
-                current, _ = _decoded(await pipe.hgetall(KNOBS_KEY))
-                updated = knobs_from_mapping(changes, current)
+                current, _ = _stored(await pipe.hgetall(KNOBS_KEY))
+                updated = knobs_from_mapping({**current, **changes})
                 mapping: dict[Any, Any] = knobs_to_mapping(updated)
                 pipe.multi()
                 pipe.hset(KNOBS_KEY, mapping=mapping)
