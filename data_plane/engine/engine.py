@@ -8,14 +8,12 @@ applies the plan's state changes, allocates blocks, runs the executor and proces
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from data_plane.engine.executor import BatchItem, Executor
 from data_plane.engine.output import check_stop
-from data_plane.engine.prefix_watch import PrefixWatch
-from data_plane.engine.queues import RequestQueue
 from data_plane.engine.request import (
     FINISHED_STATUS,
     TRANSITIONS,
@@ -26,16 +24,15 @@ from data_plane.engine.request import (
     RequestStatus,
 )
 from data_plane.engine.sampling import SamplingParams
+from data_plane.engine.views import PolicyViews
 from data_plane.kv.manager import KVEventKind
 from shared.policy import (
     ColumnarSnapshot,
     Plan,
     RequestColumns,
     RequestState,
-    RequestView,
     Snapshot,
 )
-from shared.policy.columns import column_arrays_from_views, concat_column_arrays
 from shared.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # the KV layer holds torch tensors; the loop itself needs no torch
@@ -43,7 +40,6 @@ if TYPE_CHECKING:  # the KV layer holds torch tensors; the loop itself needs no 
     from data_plane.kv.tiered import KVCacheManager
 
 Planner = Callable[[Snapshot | ColumnarSnapshot], Plan]
-_new_view = tuple.__new__
 
 
 @dataclass(slots=True)
@@ -105,9 +101,9 @@ class Engine:
         self.keep_columns = keep_columns
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
-        self._prefix_watch = PrefixWatch()  # waiting requests' views x the cache's changes
-        self.waiting = RequestQueue(self._waiting_view)
-        self.rotary = RequestQueue(self._view, RequestState.ROTARY)
+        self.views = PolicyViews(kv)
+        self.waiting = self.views.waiting  # the engine moves requests in and out of these
+        self.rotary = self.views.rotary
         self.stats = EngineStats()
         self._arrival_seq = 0
         self._pending_outputs: list[RequestOutput] = []
@@ -182,7 +178,7 @@ class Engine:
         t_start = time.perf_counter()
         self.stats.num_iterations += 1
         events = self.kv.poll()
-        self._refresh_waiting_views()
+        self.views.refresh_waiting()
         now = self.clock()
         if events:
             self._on_kv_events(events, now)
@@ -206,25 +202,11 @@ class Engine:
 
     def snapshot(self, now: float) -> Snapshot:
         """The engine for the policy: running, then waiting, then rotary requests."""
-        view = self._view
-        views = [view(r) for r in self.running]
-        views += self.waiting.views()
-        views += [view(r) for r in self.rotary]
-        return Snapshot(
-            t_now_s=now,
-            requests=tuple(views),
-            partition=(len(self.running), len(self.waiting)),
-            **self._snapshot_counts(),
-        )
+        return self.views.snapshot(now, self.running, self._snapshot_counts())
 
     def columnar_snapshot(self, now: float) -> ColumnarSnapshot:
         """:meth:`snapshot` as columns (the waiting requests' come ready-made)."""
-        view = self._view
-        return ColumnarSnapshot(
-            t_now_s=now,
-            requests=self._columns([view(r) for r in self.running]),
-            **self._snapshot_counts(),
-        )
+        return self.views.columnar_snapshot(now, self.running, self._snapshot_counts())
 
     def _snapshot_for_planner(
         self, now: float
@@ -237,19 +219,8 @@ class Engine:
             return columnar, columnar.requests if self.keep_columns else None
         snapshot = self.snapshot(now)
         if self.keep_columns:
-            return snapshot, self._columns(snapshot.requests[: len(self.running)])
+            return snapshot, self.views.columns(snapshot.requests[: len(self.running)])
         return snapshot, None
-
-    def _columns(self, running_views: Sequence[RequestView]) -> RequestColumns:
-        """Running (from their views), waiting and rotary requests as columns, copied once
-        out of the queues' buffers."""
-        parts = [column_arrays_from_views(running_views)] if running_views else []
-        if self.waiting:
-            parts.append(self.waiting.column_arrays())
-        if self.rotary:
-            rotary_columns = self.kv.rotary_columns(self.rotary.request_ids())
-            parts.append(self.rotary.column_arrays(rotary_columns))
-        return concat_column_arrays(parts)
 
     def _snapshot_counts(self) -> dict[str, int]:
         return {
@@ -261,61 +232,6 @@ class Engine:
             "b_xfer_blocks": self.kv.b_xfer_available,
             "iteration": self.stats.num_iterations,
         }
-
-    def _refresh_waiting_views(self) -> None:
-        """Rebuild the views of the waiting requests whose prefix hits the cache's changes
-        since the last iteration may have changed (:mod:`data_plane.engine.prefix_watch`)."""
-        changed = self.kv.drain_prefix_changes() if self.kv.prefix_caching else None
-        if changed and self.waiting:
-            affected = self._prefix_watch.affected(changed)
-            if affected:
-                self.waiting.refresh(affected)
-
-    def _waiting_view(self, r: Request) -> RequestView:
-        """A waiting request's view: what its cached prefix will not prefill counts as
-        computed, its blocks in use by others and in DRAM as its; the keys that answer
-        depends on are watched (the hits and the first miss)."""
-        if not r.block_keys:
-            return self._view(r)
-        hits = self.kv.prefix_hits(r.all_token_ids, r.block_keys)
-        self._prefix_watch.watch(r.request_id, r.block_keys[: hits.num_blocks + 1])
-        num_computed = hits.num_blocks * self.kv.block_size
-        return self._view(r, num_computed, hits.num_hbm_in_use, hits.num_dram)
-
-    def _view(
-        self,
-        r: Request,
-        num_computed: int | None = None,
-        num_hbm: int = 0,
-        num_dram: int = 0,
-    ) -> RequestView:
-        """The policy's view of ``r``, built positionally in C (``RequestView``'s field
-        order): one per running and rotary request per iteration. ``num_computed``: given
-        with the block counts for a waiting request (:meth:`_waiting_view`), else its own and
-        its block table's."""
-        rid = r.request_id
-        if num_computed is None:
-            num_hbm, num_dram = self.kv.block_counts(rid)
-            num_computed = r.num_computed_tokens
-        return _new_view(
-            RequestView,
-            (
-                rid,
-                r.state,
-                r.t_arr_s,
-                len(r.prompt_token_ids) + len(r.output_token_ids),  # r.num_tokens
-                num_computed,
-                num_hbm,
-                num_dram,
-                r.t_run_s,
-                r.t_last_s,
-                r.priority,
-                r.arrival_seq,
-                r.slo_ttft_s,
-                r.slo_tbt_s,
-                r.resident,
-            ),
-        )
 
     def _move(self, request: Request, status: RequestStatus) -> None:
         """The one place a request's status changes (``TRANSITIONS`` says which moves are
@@ -359,7 +275,7 @@ class Engine:
             self._resume(self._expect(request_id, RequestState.ROTARY), now)
         for request_id in plan.admit_ids:
             request = self._expect(request_id, RequestState.WAITING)
-            self._leave_waiting(request)
+            self.views.leave_waiting(request)
             loading = self._take_prefix(request) if request.block_keys else False
             self._move(request, RequestStatus.LOADING if loading else RequestStatus.RUNNING)
             request.t_run_s = now
@@ -386,10 +302,6 @@ class Engine:
         taken = self.kv.take_prefix(request.request_id, request.all_token_ids, request.block_keys)
         request.num_computed_tokens = taken.num_blocks * self.kv.block_size
         return taken.num_loading > 0
-
-    def _leave_waiting(self, request: Request) -> None:
-        self.waiting.remove(request)
-        self._prefix_watch.forget(request.request_id)
 
     def _unadmit(self, request: Request, now: float) -> None:
         """An admitted request whose first chunk found no free block goes back to waiting
@@ -490,7 +402,7 @@ class Engine:
         state = request.state
         self._move(request, FINISHED_STATUS[reason])
         if state is RequestState.WAITING:
-            self._leave_waiting(request)
+            self.views.leave_waiting(request)
         else:  # identity comparison: requests compare by id (eq=False)
             (self.running if state is RequestState.RUNNING else self.rotary).remove(request)
         self.kv.free(request.request_id)

@@ -22,10 +22,17 @@ import numpy as np
 
 from data_plane.engine.request import Request
 from shared.policy import RequestState, RequestView
-from shared.policy.columns import FLOAT_FIELDS, INT_FIELDS, STATE_CODES
+from shared.policy.columns import STATE_CODES
+from shared.policy.types import REQUEST_FIELDS
 
 _NAN = float("nan")
-_COLUMNS = (*FLOAT_FIELDS, *INT_FIELDS)
+# The columns a queue keeps, one per REQUEST_FIELDS field but the ids and the state (the same
+# for every request here): (its position in a view, its column, its dtype, None-able).
+_STORED = tuple(
+    (position, f.column, f.dtype, f.pack == "opt")
+    for position, f in enumerate(REQUEST_FIELDS)
+    if f.pack not in ("id", "code")
+)
 
 
 class RequestQueue:
@@ -49,12 +56,10 @@ class RequestQueue:
         self._requests: list[Request] = []
         self._views: list[RequestView] = []
         self._ids: list[str] = []
-        self._arrays: dict[str, np.ndarray[Any, Any]] = {}
-        self._resident = np.empty(capacity, np.bool_)
-        for name in FLOAT_FIELDS:
-            self._arrays[name] = np.empty(capacity, np.float64)
-        for name in INT_FIELDS:
-            self._arrays[name] = np.empty(capacity, np.int64)
+        self._arrays: dict[str, np.ndarray[Any, Any]] = {
+            column: np.empty(capacity, dtype) for _, column, dtype, _ in _STORED
+        }
+        self._capacity = capacity
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -76,7 +81,7 @@ class RequestQueue:
         index = self._index(request)
         del self._requests[index], self._views[index], self._ids[index]
         end = len(self._requests) + 1
-        for array in self._all_arrays():
+        for array in self._arrays.values():
             array[index : end - 1] = array[index + 1 : end]
 
     def refresh(self, request_ids: set[str]) -> None:
@@ -99,8 +104,7 @@ class RequestQueue:
         views of the queue's buffers, valid until it changes, for a caller that copies them
         at once (:func:`~shared.policy.columns.concat_column_arrays`)."""
         num = len(self._requests)
-        arrays: dict[str, Any] = {name: self._arrays[name][:num] for name in _COLUMNS}
-        arrays["resident"] = self._resident[:num]
+        arrays: dict[str, Any] = {column: array[:num] for column, array in self._arrays.items()}
         if overrides:
             arrays |= overrides
         arrays["request_ids"] = self._ids
@@ -113,10 +117,6 @@ class RequestQueue:
                 return index
         raise ValueError(f"request {request.request_id!r} is not {self.state.value} here")
 
-    def _all_arrays(self) -> Iterator[np.ndarray[Any, Any]]:
-        yield from self._arrays.values()
-        yield self._resident
-
     def _insert(self, index: int, request: Request) -> None:
         view = self._make_view(request)
         if view.state is not self.state:
@@ -124,9 +124,9 @@ class RequestQueue:
                 f"request {request.request_id!r} is {view.state.value}, not {self.state.value}"
             )
         num = len(self._requests)
-        if num == len(self._resident):
+        if num == self._capacity:
             self._grow(2 * num)
-        for array in self._all_arrays():
+        for array in self._arrays.values():
             if index < num:
                 array[index + 1 : num + 1] = array[index:num]
         self._requests.insert(index, request)
@@ -137,18 +137,13 @@ class RequestQueue:
     def _write(self, index: int, view: RequestView) -> None:
         self._views[index] = view
         arrays = self._arrays
-        for name in FLOAT_FIELDS:
-            value = getattr(view, name)
-            arrays[name][index] = _NAN if value is None else value
-        for name in INT_FIELDS:
-            arrays[name][index] = getattr(view, name)
-        self._resident[index] = view.resident
+        for position, column, _, optional in _STORED:
+            value = view[position]
+            arrays[column][index] = _NAN if optional and value is None else value
 
     def _grow(self, capacity: int) -> None:
-        for name, array in self._arrays.items():
+        for column, array in self._arrays.items():
             grown = np.empty(capacity, array.dtype)
             grown[: len(array)] = array
-            self._arrays[name] = grown
-        resident = np.empty(capacity, np.bool_)
-        resident[: len(self._resident)] = self._resident
-        self._resident = resident
+            self._arrays[column] = grown
+        self._capacity = capacity

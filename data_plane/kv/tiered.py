@@ -12,20 +12,19 @@ is 0) and every request is resident.
 - Rotate in: allocate HBM, copy H2D; the request is not resident (attention never reads the
   blocks) until every copy completed. A request rotates in only after its rotate-out finished.
 - At most ``b_xfer_blocks`` blocks are issued per iteration, in one submit (one batched call per
-  direction), before the iteration's compute starts, so copies overlap compute.
+  direction), before the iteration's compute starts, so copies overlap compute; the queues,
+  batches in flight and busy blocks are :class:`~data_plane.kv.copies.CopyPipeline`'s.
 - A block is never freed or reused while a copy from or to it is in flight.
 """
 
 from __future__ import annotations
 
-import time
-from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from data_plane.kv.copies import EVICT, LOAD, SYNC, Content, CopyPipeline, Move, TieredStats
 from data_plane.kv.host_pool import ChunkedPinner
 from data_plane.kv.manager import (
     PENDING,
@@ -40,50 +39,7 @@ from data_plane.kv.manager import (
     PrefixTaken,
 )
 from data_plane.kv.prefix_cache import ROOT_KEY, CachingBlockPool
-from data_plane.transfer.base import BlockCopy, TransferEngine, TransferHandle
-
-EVICT, SYNC, LOAD = "evict", "sync", "load"
-Content = tuple[int, int, Sequence[int]]  # a full block's (key, parent key, tokens)
-RECENT_ITERATIONS = 1024  # TieredStats.per_iteration_blocks keeps this many
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _Move:
-    kind: str  # EVICT / SYNC (D2H) or LOAD (H2D)
-    request_id: str
-    index: int  # logical block index in the request's table
-    hbm_id: int
-    dram_id: int
-    # The table the move belongs to: a request preempted by recompute and admitted again gets
-    # a new table, and a copy still in flight for the old one must not touch it.
-    table: BlockTable
-    content: Content | None = None  # an eager sync's block, indexed in DRAM once copied
-
-
-@dataclass(slots=True)
-class _Batch:
-    moves: list[_Move]
-    handles: list[TransferHandle]
-    t_issue_s: float
-    compute_ended: bool = False
-    exposed_from_s: float | None = None  # compute ended before the copies did
-
-
-@dataclass(slots=True)
-class TieredStats:
-    blocks_synced: int = 0  # eager syncs completed
-    blocks_evicted: int = 0  # rotate-out copies completed
-    blocks_loaded: int = 0  # rotate-in copies completed
-    blocks_dropped: int = 0  # synced HBM blocks dropped at rotate-out without a copy
-    max_blocks_per_iteration: int = 0
-    num_batches: int = 0
-    num_batches_hidden: int = 0  # done by the end of the compute they overlapped
-    exposed_transfer_s: float = 0.0
-    # blocks issued in each of the last RECENT_ITERATIONS iterations (a ring: a worker runs
-    # forever); the all-time peak is max_blocks_per_iteration
-    per_iteration_blocks: deque[int] = field(
-        default_factory=lambda: deque(maxlen=RECENT_ITERATIONS)
-    )
+from data_plane.transfer.base import TransferEngine
 
 
 class KVCacheManager(BlockTables):
@@ -117,21 +73,12 @@ class KVCacheManager(BlockTables):
         ready = num_dram_blocks if num_dram_blocks_ready is None else num_dram_blocks_ready
         self.dram = CachingBlockPool(ready, "dram", enabled=prefix_caching and dram_prefix_caching)
         self.num_dram_blocks_total = num_dram_blocks
-        self.transfer = transfer
         self.b_xfer_blocks = b_xfer_blocks if has_dram else 0
         self.eager_sync = eager_sync and has_dram
         self.pinner = pinner
         self.tiered_stats = TieredStats()
-        self._urgent: deque[_Move] = deque()  # evictions and loads: rotation waits on these
-        self._syncs: deque[_Move] = deque()  # eager syncs: background
-        self._in_flight: list[_Batch] = []
+        self._copies = CopyPipeline(self.hbm, self.dram, transfer, self.tiered_stats)
         self._events: list[KVEvent] = []  # completions since the last poll
-        # Copies in flight per block, and frees waiting for them (shared blocks can have
-        # several of each).
-        self._busy_hbm: Counter[int] = Counter()
-        self._busy_dram: Counter[int] = Counter()
-        self._deferred_hbm: Counter[int] = Counter()
-        self._deferred_dram: Counter[int] = Counter()
 
     @classmethod
     def hbm_only(
@@ -177,9 +124,13 @@ class KVCacheManager(BlockTables):
         )
 
     @property
+    def transfer(self) -> TransferEngine | None:
+        return self._copies.transfer
+
+    @property
     def num_queued_blocks(self) -> int:
         """Copies waiting to be issued (they use up future iterations' budgets)."""
-        return len(self._urgent) + len(self._syncs)
+        return self._copies.num_queued
 
     @property
     def link_bytes_per_s(self) -> float:
@@ -195,7 +146,7 @@ class KVCacheManager(BlockTables):
     @property
     def b_xfer_available(self) -> int:
         """The budget a policy may plan with: B_xfer minus rotation copies still queued."""
-        return max(0, self.b_xfer_blocks - len(self._urgent))
+        return max(0, self.b_xfer_blocks - self._copies.num_queued_urgent)
 
     def grow_dram(self, num_ready_blocks: int) -> None:
         """More of the DRAM pool is usable (pinned) now."""
@@ -282,7 +233,7 @@ class KVCacheManager(BlockTables):
             table.hbm_ids.append(hbm_id)
             table.dram_ids.append(dram_id)
             table.sync.append(SYNCED)
-            self._urgent.append(_Move(LOAD, request_id, index, hbm_id, dram_id, table))
+            self._copies.queue(Move(LOAD, request_id, index, hbm_id, dram_id, table))
         table.num_hbm += len(hits)
         table.num_dram += len(hits)
         table.num_pending_h2d += len(hits)
@@ -307,8 +258,7 @@ class KVCacheManager(BlockTables):
         hbm_id = table.hbm_ids[index]
         assert hbm_id is not None
         table.sync[index] = PENDING
-        move = _Move(kind, request_id, index, hbm_id, dram_id, table, content)
-        (self._urgent if kind == EVICT else self._syncs).append(move)
+        self._copies.queue(Move(kind, request_id, index, hbm_id, dram_id, table, content))
         return True
 
     # ---- rotation ------------------------------------------------------------------------
@@ -327,7 +277,10 @@ class KVCacheManager(BlockTables):
         if needed > self.dram.num_free:
             return None
         table.rotated_out = True
-        self._requeue_pending_syncs_as_evictions(request_id, table)
+        # Queued eager syncs become evictions; syncs in flight count as evictions and free
+        # their HBM block on completion.
+        self._copies.syncs_to_evictions(request_id)
+        table.num_pending_evict += sum(1 for s in table.sync if s == PENDING)
         for index, state in enumerate(table.sync):
             if state == SYNCED:
                 self._drop_hbm(table, index)
@@ -336,19 +289,6 @@ class KVCacheManager(BlockTables):
                 self._queue_d2h(EVICT, request_id, table, index)
                 table.num_pending_evict += 1
         return table.num_pending_evict
-
-    def _requeue_pending_syncs_as_evictions(self, request_id: str, table: BlockTable) -> None:
-        """Queued (not yet issued) eager syncs of a rotating request become evictions; syncs
-        already in flight count as evictions and free their HBM block on completion."""
-        kept: deque[_Move] = deque()
-        for move in self._syncs:
-            if move.request_id == request_id:
-                evict = _Move(EVICT, request_id, move.index, move.hbm_id, move.dram_id, table)
-                self._urgent.append(evict)
-            else:
-                kept.append(move)
-        self._syncs = kept
-        table.num_pending_evict += sum(1 for s in table.sync if s == PENDING)
 
     def rotate_in(self, request_id: str) -> int | None:
         """Start copying a parked request back: returns how many blocks are being copied in
@@ -368,7 +308,7 @@ class KVCacheManager(BlockTables):
             assert dram_id is not None and table.sync[index] == SYNCED
             table.hbm_ids[index] = hbm_id
             table.num_hbm += 1
-            self._urgent.append(_Move(LOAD, request_id, index, hbm_id, dram_id, table))
+            self._copies.queue(Move(LOAD, request_id, index, hbm_id, dram_id, table))
         table.num_pending_h2d = len(missing)
         return len(missing)
 
@@ -376,83 +316,32 @@ class KVCacheManager(BlockTables):
         table = self.tables.pop(request_id, None)
         if table is None:
             return
-        self._urgent = deque(m for m in self._urgent if m.request_id != request_id)
-        self._syncs = deque(m for m in self._syncs if m.request_id != request_id)
+        self._copies.forget(request_id)
         for hbm_id in reversed(table.hbm_ids):  # tail first: evicted before the prefix's root
             if hbm_id is not None:
-                self._release(hbm_id, self.hbm, self._busy_hbm, self._deferred_hbm)
+                self._copies.release_hbm(hbm_id)
         for dram_id in reversed(table.dram_ids):
             if dram_id is not None:
-                self._release(dram_id, self.dram, self._busy_dram, self._deferred_dram)
+                self._copies.release_dram(dram_id)
 
     def _drop_hbm(self, table: BlockTable, index: int) -> None:
         hbm_id = table.hbm_ids[index]
         if hbm_id is not None:
             table.hbm_ids[index] = None
             table.num_hbm -= 1
-            self._release(hbm_id, self.hbm, self._busy_hbm, self._deferred_hbm)
-
-    @staticmethod
-    def _release(
-        block_id: int, pool: CachingBlockPool, busy: Counter[int], deferred: Counter[int]
-    ) -> None:
-        if block_id in busy:
-            deferred[block_id] += 1  # freed when the copies touching it complete
-        else:
-            pool.free([block_id])
-
-    @staticmethod
-    def _copy_done(
-        block_id: int, pool: CachingBlockPool, busy: Counter[int], deferred: Counter[int]
-    ) -> None:
-        busy[block_id] -= 1
-        if busy[block_id] <= 0:
-            del busy[block_id]
-            num_frees = deferred.pop(block_id, 0)
-            if num_frees:
-                pool.free([block_id] * num_frees)
+            self._copies.release_hbm(hbm_id)
 
     # ---- the pipeline --------------------------------------------------------------------
     def issue_transfers(self) -> None:
         """Issue up to ``b_xfer_blocks`` queued copies (rotation first, then eager syncs) as one
         submit; they run while this iteration computes."""
-        budget = self.b_xfer_blocks
-        moves: list[_Move] = []
-        while budget and self._urgent:
-            moves.append(self._urgent.popleft())
-            budget -= 1
-        while budget and self._syncs:
-            moves.append(self._syncs.popleft())
-            budget -= 1
-        self.tiered_stats.per_iteration_blocks.append(len(moves))
-        if not moves:
-            return
-        stats = self.tiered_stats
-        stats.max_blocks_per_iteration = max(stats.max_blocks_per_iteration, len(moves))
-        h2d = [BlockCopy(m.dram_id, m.hbm_id) for m in moves if m.kind == LOAD]
-        d2h = [BlockCopy(m.hbm_id, m.dram_id) for m in moves if m.kind != LOAD]
-        for move in moves:
-            self._busy_hbm[move.hbm_id] += 1
-            self._busy_dram[move.dram_id] += 1
-        if self.transfer is None:  # nothing is ever queued without a DRAM tier
-            raise RuntimeError(f"{len(moves)} copies queued without a transfer engine")
-        handles = [h for h in self.transfer.submit(h2d, d2h) if h is not None]
-        self._in_flight.append(_Batch(moves, handles, time.perf_counter()))
-        stats.num_batches += 1
+        self._copies.issue(self.b_xfer_blocks)
 
     def after_compute(self) -> None:
-        now = time.perf_counter()
-        for batch in self._in_flight:
-            if batch.compute_ended:
-                continue
-            batch.compute_ended = True
-            if all(h.done() for h in batch.handles):
-                self.tiered_stats.num_batches_hidden += 1
-            else:
-                batch.exposed_from_s = now
+        self._copies.after_compute()
 
     def poll(self) -> list[KVEvent]:
-        """Retire completed batches and pick up newly pinned DRAM (never blocks); returns
+        """Retire completed copies and pick up newly pinned DRAM (never blocks); returns
         what completed since the last poll: requests now resident (``LOADED``) or parked
         (``PARKED``)."""
         self._retire()
@@ -462,48 +351,28 @@ class KVCacheManager(BlockTables):
     def _retire(self) -> None:
         if self.pinner is not None and self.pinner.num_ready_blocks > self.dram.num_blocks:
             self.grow_dram(self.pinner.num_ready_blocks)
-        still: list[_Batch] = []
-        for batch in self._in_flight:
-            if all(h.done() for h in batch.handles):
-                self._complete(batch)
-            else:
-                still.append(batch)
-        self._in_flight = still
+        for move in self._copies.retire():
+            if self.tables.get(move.request_id) is move.table:  # not freed (and not re-created)
+                self._apply_completion(move, move.table)
 
     def wait_for_progress(self) -> None:
-        if self._in_flight:
-            for handle in self._in_flight[0].handles:
-                handle.wait()
+        self._copies.wait_for_progress()
 
     def drain(self) -> None:
         """Wait for every queued and in-flight copy (shutdown, tests)."""
-        while self._in_flight or self._urgent or self._syncs:
-            for batch in self._in_flight:
-                for handle in batch.handles:
-                    handle.wait()
+        while self._copies.busy:
+            self._copies.wait_all()
             self._retire()
             self.issue_transfers()
 
     def close(self) -> None:
         """Finish every copy, stop the transfer engine and release pinned host memory."""
         self.drain()
-        if self.transfer is not None:
-            self.transfer.close()
+        self._copies.close()
         if self.pinner is not None:
             self.pinner.close()
 
-    def _complete(self, batch: _Batch) -> None:
-        if batch.exposed_from_s is not None:  # upper bound: seen at the next poll
-            self.tiered_stats.exposed_transfer_s += time.perf_counter() - batch.exposed_from_s
-        elif not batch.compute_ended:  # completed before any compute overlapped it
-            self.tiered_stats.num_batches_hidden += 1
-        for move in batch.moves:
-            self._copy_done(move.hbm_id, self.hbm, self._busy_hbm, self._deferred_hbm)
-            self._copy_done(move.dram_id, self.dram, self._busy_dram, self._deferred_dram)
-            if self.tables.get(move.request_id) is move.table:  # not freed (and not re-created)
-                self._apply_completion(move, move.table)
-
-    def _apply_completion(self, move: _Move, table: BlockTable) -> None:
+    def _apply_completion(self, move: Move, table: BlockTable) -> None:
         stats = self.tiered_stats
         if move.kind == LOAD:
             table.num_pending_h2d -= 1

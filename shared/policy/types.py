@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -102,6 +103,25 @@ def check_view_fields(view_type: type) -> None:
 
 
 check_view_fields(RequestView)
+
+
+def compile_view_builder(
+    sources: Mapping[str, str], params: Sequence[str], env: Mapping[str, object] | None = None
+) -> Callable[..., RequestView]:
+    """A function of ``params`` that builds a :class:`RequestView` positionally (in C, no
+    keyword matching: the engine builds one per running and rotary request per iteration).
+    ``sources`` maps every field of :data:`REQUEST_FIELDS` to a Python expression over
+    ``params`` (and ``env``'s names); a field missing or unknown is a TypeError."""
+    names = [f.name for f in REQUEST_FIELDS]
+    if set(sources) != set(names):
+        missing, unknown = sorted(set(names) - set(sources)), sorted(set(sources) - set(names))
+        raise TypeError(f"view sources: missing {missing}, not REQUEST_FIELDS {unknown}")
+    values = ", ".join(f"({sources[name]})" for name in names)
+    code = f"def build({', '.join(params)}):\n    return _new(_View, ({values},))\n"
+    namespace: dict[str, Any] = {"_new": tuple.__new__, "_View": RequestView, **(env or {})}
+    exec(code, namespace)
+    build: Callable[..., RequestView] = namespace["build"]
+    return build
 
 
 @dataclass(frozen=True, slots=True)

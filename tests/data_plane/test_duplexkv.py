@@ -162,13 +162,19 @@ def test_lossless_rotation_random_schedules(
     )  # every copy state was visited
 
 
-def _manager(num_hbm: int = 16, num_dram: int = 16, b_xfer: int = 64, transfer=None):
+def _manager(
+    num_hbm: int = 16,
+    num_dram: int = 16,
+    b_xfer: int = 64,
+    transfer=None,
+    engine_cls: type[CpuTransferEngine] = CpuTransferEngine,
+):
     geometry = KVGeometry(
         num_layers=2, block_size=BS, num_kv_heads=2, head_dim=4, dtype=torch.float32
     )
     hbm = torch.randn(num_hbm, *geometry.block_shape)
     dram = torch.zeros(num_dram, *geometry.block_shape)
-    transfer = transfer or CpuTransferEngine(hbm, dram)
+    transfer = transfer or engine_cls(hbm, dram)
     return KVCacheManager(num_hbm, num_dram, BS, transfer, b_xfer_blocks=b_xfer), hbm, dram
 
 
@@ -269,11 +275,9 @@ def test_transfer_budget_caps_blocks_per_iteration() -> None:
     kv, _, _ = _manager(num_hbm=32, num_dram=32, b_xfer=3)
     _fill(kv, "a", 10 * BS)
     iterations = 0
-    while kv._syncs or kv._in_flight:
+    while kv.num_queued_blocks:
         kv.issue_transfers()
-        for batch in kv._in_flight:
-            for handle in batch.handles:
-                handle.wait()
+        kv.wait_for_progress()  # one batch in flight at a time
         kv.poll()
         iterations += 1
     assert max(kv.tiered_stats.per_iteration_blocks) == 3
@@ -333,8 +337,7 @@ def test_copy_in_flight_for_a_freed_request_leaves_its_new_table_alone() -> None
             gate.wait()  # the copies wait for the gate
             return super().submit(h2d, d2h)
 
-    kv, hbm, dram = _manager()
-    kv.transfer = GatedEngine(hbm, dram)
+    kv, _, _ = _manager(engine_cls=GatedEngine)
     _fill(kv, "a", 4 * BS)  # four full blocks: four eager syncs queued
     issuing = threading.Thread(target=kv.issue_transfers)
     issuing.start()

@@ -11,7 +11,7 @@ import pytest
 
 from shared.policy import RequestColumns, RequestState, RequestView, columns_from_views
 from shared.policy.columns import FLOAT_FIELDS, INT_FIELDS, empty_columns, views_from_columns
-from shared.policy.types import REQUEST_FIELDS, check_view_fields
+from shared.policy.types import REQUEST_FIELDS, check_view_fields, compile_view_builder
 
 
 def test_the_view_and_the_columns_are_the_declared_fields() -> None:
@@ -65,3 +65,33 @@ def test_the_wire_table_follows_the_declaration(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(messages, "REQUEST_FIELDS", drifted)
     with pytest.raises(TypeError, match="RequestTable"):
         messages._table_columns()
+
+
+def test_a_compiled_view_builder_covers_every_field_or_is_refused() -> None:
+    """The engine's views come from one expression per field (compiled positional build): a
+    field left out or one that is not declared fails when compiled, and the build matches
+    keyword construction."""
+    sources = {f.name: f"values[{f.name!r}]" for f in REQUEST_FIELDS}
+    build = compile_view_builder(sources, ("values",))
+    values = {
+        "request_id": "r",
+        "state": RequestState.RUNNING,
+        "t_arr_s": 1.5,
+        "num_tokens": 9,
+        "num_computed_tokens": 8,
+        "num_blocks_hbm": 2,
+        "num_blocks_dram": 1,
+        "t_run_s": 2.0,
+        "t_last_s": None,
+        "priority": -3,
+        "arrival_seq": 7,
+        "slo_ttft_s": 0.5,
+        "slo_tbt_s": None,
+        "resident": False,
+    }
+    assert build(values) == RequestView(**values)
+    missing = {k: v for k, v in sources.items() if k != "priority"}
+    with pytest.raises(TypeError, match="missing \\['priority'\\]"):
+        compile_view_builder(missing, ("values",))
+    with pytest.raises(TypeError, match="not REQUEST_FIELDS \\['tenant'\\]"):
+        compile_view_builder({**sources, "tenant": "None"}, ("values",))
