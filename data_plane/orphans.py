@@ -47,6 +47,12 @@ class GatewayWatch:
     def observe(self, beats: dict[str, bytes], now_s: float) -> None:
         """One poll's heartbeats (gateway id -> value), seen at monotonic ``now_s``."""
         gap = self._t_polled_s is None or now_s - self._t_polled_s > self.dead_s / 2
+        if gap and self._t_polled_s is not None and self._seen:
+            log.info(
+                "gateway_watch_gap",
+                gap_s=round(now_s - self._t_polled_s, 3),
+                reason="this worker did not watch; silence restarts counting for every gateway",
+            )
         self._t_polled_s = now_s
         for gateway_id, beat in beats.items():
             seen = self._seen.get(gateway_id)
@@ -59,13 +65,32 @@ class GatewayWatch:
             elif gap:  # we were not watching: what we missed is no evidence of death
                 self._seen[gateway_id] = (beat, now_s)
             elif now_s - seen[1] >= self.dead_s and gateway_id not in self.dead:
-                log.warning("gateway_dead", gateway_id=gateway_id, silent_s=now_s - seen[1])
+                self._judge_dead(gateway_id, beat, now_s - seen[1])
                 self.dead.add(gateway_id)
                 self.unswept.add(gateway_id)
         for gateway_id in set(self._seen) - set(beats):  # left the hash: unknown again
             del self._seen[gateway_id]
             self.dead.discard(gateway_id)
             self.unswept.discard(gateway_id)
+
+    def _judge_dead(self, gateway_id: str, beat: bytes, silent_s: float) -> None:
+        """Log why ``gateway_id`` is called dead: its heartbeat stood still while watched."""
+        try:
+            age = f", {time.time() - float(beat):.1f} s old by this worker's clock"
+        except ValueError:
+            age = ""
+        reason = (
+            f"heartbeat {_text(beat)!r}{age} unchanged for {silent_s:.1f} s of continuous "
+            f"watching (limit gateway_dead_s {self.dead_s:g} s); its requests will be aborted"
+        )
+        log.warning(
+            "gateway_dead",
+            gateway_id=gateway_id,
+            silent_s=round(silent_s, 3),
+            last_beat=_text(beat),
+            dead_s=self.dead_s,
+            reason=reason,
+        )
 
     def owns_dead(self, reply_stream: str) -> bool:
         """``reply_stream`` belongs to a gateway called dead."""
@@ -103,7 +128,12 @@ async def sweep_orphans(
         replies.drop_stream(stream)
     await redis.delete(*outputs)
     watch.unswept -= dead
-    log.warning("orphans_aborted", gateway_ids=sorted(dead), request_ids=orphans)
+    log.warning(
+        "orphans_aborted",
+        gateway_ids=sorted(dead),
+        request_ids=orphans,
+        reason="their gateway was called dead (see gateway_dead)",
+    )
 
 
 def _text(value: bytes | str) -> str:

@@ -75,6 +75,21 @@ class GatewaySettings(BaseSettings):
     redis_max_connections: int = 64  # requests wait for a free connection beyond this
     redis_timeout_s: float = 5.0
     shutdown_grace_s: float = 30.0  # open streams may finish within this after SIGTERM
+    # The HTTP edge (gateway/edge.py), enforced before any of our code runs: a request head
+    # (request line + headers) over http_max_head_bytes is 431 (414 for a request line alone),
+    # a URL over http_max_url_bytes 414, more than http_max_headers headers 431; a head not in
+    # within http_header_timeout_s of the connection (of its first byte after a keep-alive
+    # wait) closes the connection (408 when part of it came), a body not in within
+    # http_body_timeout_s of its head is 408. At most http_max_connections open connections,
+    # SSE streams included (kept below the open-file limit): beyond, the oldest one waiting
+    # for a head is closed, or the new one gets 503 when none is.
+    http_max_head_bytes: int = Field(default=32_768, ge=1024)
+    http_max_url_bytes: int = Field(default=8_192, ge=256)
+    http_max_headers: int = Field(default=128, ge=8)
+    http_header_timeout_s: float = Field(default=10.0, gt=0.0)
+    http_body_timeout_s: float = Field(default=30.0, gt=0.0)
+    http_keep_alive_s: float = Field(default=5.0, gt=0.0)  # an idle connection between requests
+    http_max_connections: int = Field(default=4096, ge=1)
 
     @field_validator("admin_token")
     @classmethod

@@ -14,6 +14,7 @@ from gateway.auth import ApiKeyCache
 from gateway.chat import ChatRenderer
 from gateway.dispatcher import Dispatcher
 from gateway.generation import GenerationService
+from gateway.heartbeat import Heartbeat
 from gateway.inflight import InFlightRequests
 from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptEncoder
@@ -60,6 +61,12 @@ class GatewayState:
         self.generations = GenerationService(
             settings, self.redis, self.tokenizer, self.dispatcher, self.directory, self.metrics
         )
+        self.heartbeat = Heartbeat(
+            settings.redis_url,
+            self.gateway_id,
+            settings.directory_refresh_s,
+            settings.redis_timeout_s,
+        )
         self.started_s = time.time()
         self._stop = asyncio.Event()
         self._refresher: asyncio.Task[None] | None = None
@@ -68,6 +75,7 @@ class GatewayState:
         with contextlib.suppress(Exception):  # readiness reports it if Redis is away
             await self.directory.refresh()
             await self.api_keys.refresh()
+        self.heartbeat.start()  # a thread: a busy event loop cannot starve it
         self._refresher = asyncio.create_task(loop_with_backoff(self._refresh, self._stop))
         self.dispatcher.start()
         log.info("gateway_started", gateway_id=self.gateway_id, model=self.model_name)
@@ -80,11 +88,13 @@ class GatewayState:
         await asyncio.sleep(self.settings.directory_refresh_s)
 
     async def beat(self) -> None:
-        """This gateway's heartbeat: workers abort its requests once it stops (orphans)."""
+        """This gateway's heartbeat: workers abort its requests once it stops (orphans). The
+        heartbeat thread writes it too, also while the loop is busy."""
         await self.redis.hset(streams.GATEWAYS_KEY, self.gateway_id, f"{time.time():.3f}")
 
     async def close(self) -> None:
         self._stop.set()
+        await asyncio.to_thread(self.heartbeat.stop)
         if self._refresher is not None:
             self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
