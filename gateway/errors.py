@@ -146,6 +146,8 @@ def validation_error_response(errors: list[Any]) -> JSONResponse:
             loc.append(str(part)[:_MAX_PARAM_CHARS])
     param = ".".join(loc) or None
     message = f"{param or 'body'}: {first.get('msg', 'invalid request')}"
+    if first.get("type") == "extra_forbidden":
+        message = f"'{param}' is not a field of this request (unknown fields are refused)"
     return JSONResponse(error_body(400, message, param), status_code=400)
 
 

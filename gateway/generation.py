@@ -84,8 +84,13 @@ class Generation:
         self.num_completion_tokens = 0
         self.finish_reason: str | None = None
         self._timeline = _Timeline(time.time())
+        sampling = params.sampling
         self._detok = IncrementalDetokenizer(
-            service.tokenizer, params.prompt_token_ids, list(params.sampling.stop)
+            service.tokenizer,
+            params.prompt_token_ids,
+            list(sampling.stop),
+            min_tokens=sampling.min_tokens,
+            include_stop_str=sampling.include_stop_str_in_output,
         )
         self._wait_deadline: float | None = None  # loop time the current wait times out at
 

@@ -1,6 +1,7 @@
 """OpenAI request bodies (vLLM's extras: top_k, ignore_eos, priority, repetition_penalty,
 chat_template_kwargs, continue_final_message). Every number is bounded so that no input can fail
-later than validation; unknown fields are ignored, as vLLM does. Fields we do not serve are
+later than validation. An unknown field is a 400 naming it (vLLM ignores them: a client's typo
+or a feature it counts on would be served as if it were not there). Fields we do not serve are
 declared loosely, so that :mod:`gateway.unsupported` answers them with its own clear 400.
 
 Text must be valid Unicode: JSON can carry a lone surrogate (``"\\ud800"``) that no tokenizer or
@@ -43,11 +44,13 @@ def valid_unicode(value: Any) -> Any:
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     include_usage: bool = False
 
 
 class SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     max_tokens: PositiveInt | None = None
@@ -61,6 +64,13 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    # vLLM's extra sampling fields, applied
+    min_tokens: Annotated[int, Field(ge=0, le=_MAX_INT)] = 0
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=256)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True  # no effect: special tokens are never in text
     priority: Annotated[int, Field(ge=-(2**31), le=_MAX_INT)] = 0
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
@@ -68,6 +78,17 @@ class SamplingFields(BaseModel):
     logit_bias: dict[str, Any] | None = None
     response_format: Any = None
     user: str | None = None
+    # OpenAI fields this server does not serve beyond their defaults (gateway.unsupported)
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+    parallel_tool_calls: Any = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    prompt_logprobs: Any = None
 
     _sampling_text = field_validator("model", "stop", "user")(valid_unicode)
 
@@ -78,11 +99,13 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[Any] | None = None  # in a history: refused (no tools), not dropped
+    tool_call_id: str | None = None
 
     _text = field_validator("content", "name")(valid_unicode)
 
@@ -106,6 +129,11 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    modalities: Any = None
+    audio: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
 
     _kwargs_text = field_validator("chat_template_kwargs")(valid_unicode)
 

@@ -75,7 +75,11 @@ def sampling_params(
             top_k=None if body.top_k in (None, -1, 0) else body.top_k,
             seed=body.seed,
             stop=tuple(stop),
+            stop_token_ids=tuple(body.stop_token_ids or ()),
             ignore_eos=body.ignore_eos,
+            min_tokens=body.min_tokens,
+            min_p=body.min_p or 0.0,
+            include_stop_str_in_output=body.include_stop_str_in_output,
         )
     except ValueError as exc:
         raise APIError(400, str(exc)) from exc

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from gateway.errors import APIError
+from gateway.openai_models import ChatCompletionRequest
 
 Accepts = Callable[[Any], bool]
 
@@ -49,6 +50,22 @@ UNSUPPORTED: dict[str, tuple[Accepts, str]] = {
     "logit_bias": (_EMPTY, "only an empty one"),
     "echo": (_one_of(False), "the prompt is not echoed"),
     "suffix": (_EMPTY, "no text is inserted after the completion"),
+    "skip_special_tokens": (_one_of(True), "special tokens are always left out of the text"),
+    "store": (_one_of(False), "completions are not stored"),
+    "metadata": (_EMPTY, "completions are not stored"),
+    "service_tier": (_one_of("auto", "default"), "one tier; SLO classes are x-slo-class"),
+    "parallel_tool_calls": (_one_of(), "this server does not call tools"),
+    "structured_outputs": (_EMPTY, "no structured outputs"),
+    "guided_json": (_EMPTY, "no structured outputs"),
+    "guided_regex": (_EMPTY, "no structured outputs"),
+    "guided_choice": (_EMPTY, "no structured outputs"),
+    "guided_grammar": (_EMPTY, "no structured outputs"),
+    "prompt_logprobs": (_one_of(0), "no log probabilities are returned"),
+    "modalities": (_one_of(["text"]), 'only ["text"]'),
+    "audio": (_EMPTY, "text only"),
+    "prediction": (_EMPTY, "no predicted outputs"),
+    "reasoning_effort": (_one_of(), "this server runs no reasoning models' effort control"),
+    "web_search_options": (_EMPTY, "no web search"),
 }
 
 
@@ -58,3 +75,13 @@ def reject_unsupported(body: BaseModel) -> None:
     for name, (accepts, why) in UNSUPPORTED.items():
         if name in fields and not accepts(getattr(body, name)):
             raise APIError(400, f"'{name}' is not supported: {why}", param=name)
+    if not isinstance(body, ChatCompletionRequest):
+        return
+    for index, message in enumerate(body.messages):
+        for name, value in (
+            ("tool_calls", message.tool_calls),
+            ("tool_call_id", message.tool_call_id),
+        ):
+            if not _EMPTY(value):
+                param = f"messages.{index}.{name}"
+                raise APIError(400, f"'{param}' is not supported: no tools", param=param)

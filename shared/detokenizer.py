@@ -16,9 +16,20 @@ _CONTEXT_TOKENS = 6  # prompt tokens kept as decoding context
 
 class IncrementalDetokenizer:
     def __init__(
-        self, tokenizer: Tokenizer, prompt_token_ids: list[int], stop: list[str] | None = None
+        self,
+        tokenizer: Tokenizer,
+        prompt_token_ids: list[int],
+        stop: list[str] | None = None,
+        *,
+        min_tokens: int = 0,
+        include_stop_str: bool = False,
     ) -> None:
+        """``min_tokens``: stop strings count only from that many output tokens on (vLLM's
+        rule); ``include_stop_str``: the text ends after the stop string, not before it."""
         self._tokenizer = tokenizer
+        self._min_tokens = min_tokens
+        self._include_stop_str = include_stop_str
+        self._num_tokens = 0  # output tokens added
         self._ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
@@ -38,6 +49,7 @@ class IncrementalDetokenizer:
             if self.stopped:
                 break
             self._ids.append(token)
+            self._num_tokens += 1
             self._raw += self._decode_delta()
             self._check_stop()
         end = len(self._raw) if self.stopped else len(self._raw) - self._hold_chars
@@ -66,12 +78,13 @@ class IncrementalDetokenizer:
         return new_text[len(prefix_text) :]
 
     def _check_stop(self) -> None:
-        if not self._stop:
+        if not self._stop or self._num_tokens < self._min_tokens:
             return
         start = max(0, self._num_emitted - self._hold_chars)
-        hits = [i for i in (self._raw.find(s, start) for s in self._stop) if i >= 0]
+        hits = [(i, len(s)) for s in self._stop if (i := self._raw.find(s, start)) >= 0]
         if hits:
-            self._raw = self._raw[: min(hits)]
+            index, length = min(hits)
+            self._raw = self._raw[: index + length if self._include_stop_str else index]
             self.stopped = True
 
     def _release(self, end: int) -> str:

@@ -21,6 +21,11 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # Below this many output tokens, EOS and stop_token_ids are never sampled and stop strings
+    # do not count (vLLM's min_tokens).
+    min_tokens: int = 0
+    min_p: float = 0.0  # tokens under min_p x the most likely one's probability are dropped
+    include_stop_str_in_output: bool = False  # the stop string ends the text (not cut)
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:
@@ -33,3 +38,9 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 1 or unset, got {self.top_k}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be in 0..max_tokens ({self.max_tokens}), got {self.min_tokens}"
+            )
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")

@@ -134,6 +134,10 @@ class Engine:
             0 <= t < self.vocab_size for t in prompt_token_ids
         ):
             raise RequestError(f"prompt token ids must be in 0..{self.vocab_size - 1}")
+        if self.vocab_size is not None and not all(
+            0 <= t < self.vocab_size for t in params.stop_token_ids
+        ):
+            raise RequestError(f"stop_token_ids must be in 0..{self.vocab_size - 1}")
         needed = self.kv.blocks_for(len(prompt_token_ids) + 1)
         if needed > self.kv.num_hbm_blocks:
             raise RequestError(
@@ -151,6 +155,8 @@ class Engine:
             slo_tbt_s=slo_tbt_s,
         )
         request.block_keys = self.kv.prefix_keys(request.prompt_token_ids)
+        eos_ids = () if params.ignore_eos else self.eos_token_ids
+        request.stop_ids = tuple(dict.fromkeys((*eos_ids, *params.stop_token_ids)))
         self.requests[request_id] = request
         self.waiting.append(request)
         return request

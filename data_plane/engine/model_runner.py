@@ -96,8 +96,8 @@ class ModelRunner:
             input_ids, positions, meta, sample_items, logits_index = self._prepare(items)
             logits = self.model(input_ids, positions, kv_cache, meta, logits_index)
         rows = [
-            SamplingRow(item.request.params, len(item.request.output_token_ids))
-            for item in sample_items
+            SamplingRow.of(r.params, len(r.output_token_ids), r.stop_ids)
+            for r in (item.request for item in sample_items)
         ]
         tokens = self.sampler.sample(logits, rows)
         return {item.request.request_id: t for item, t in zip(sample_items, tokens, strict=True)}

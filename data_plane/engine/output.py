@@ -17,9 +17,10 @@ def check_stop(
     """Returns (finish reason or None, text delta). The EOS token stays in the token ids but
     not in the text; a stop string ends the text before it (vLLM's default)."""
     params = request.params
-    is_eos = not params.ignore_eos and token in eos_token_ids
+    num_output = len(request.output_token_ids)
+    is_eos = not params.ignore_eos and token in eos_token_ids and num_output > params.min_tokens
     reason: FinishReason | None = None
-    if is_eos or token in params.stop_token_ids:
+    if is_eos or (token in params.stop_token_ids and num_output > params.min_tokens):
         reason = FinishReason.STOP
     elif len(request.output_token_ids) >= params.max_tokens or request.num_tokens >= max_model_len:
         reason = FinishReason.LENGTH
@@ -27,7 +28,13 @@ def check_stop(
         return reason, ""
     detokenizer = request.detokenizer
     if detokenizer is None:  # offline only: served, the gateway decodes
-        detokenizer = IncrementalDetokenizer(tokenizer, request.prompt_token_ids, list(params.stop))
+        detokenizer = IncrementalDetokenizer(
+            tokenizer,
+            request.prompt_token_ids,
+            list(params.stop),
+            min_tokens=params.min_tokens,
+            include_stop_str=params.include_stop_str_in_output,
+        )
         request.detokenizer = detokenizer
     delta = detokenizer.add([token])
     if detokenizer.stopped:

@@ -87,6 +87,9 @@ class Request:
     # With prefix caching: the keys of the full blocks known so far (the prompt's at arrival,
     # generated blocks as they fill), data_plane/kv/prefix_cache.py's hash chain.
     block_keys: list[int] = field(default_factory=list)
+    # The tokens that end it: EOS (unless ignore_eos) and its stop_token_ids; never sampled
+    # before min_tokens.
+    stop_ids: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:

@@ -1,4 +1,14 @@
-"""The sampler: one token per row (greedy, temperature, top-k, top-p, per-request seed)."""
+"""The sampler: one token per row, for the whole batch at once on the logits' device.
+
+Greedy, temperature, top-k, top-p, min-p and ``min_tokens`` (a row's stop tokens masked until
+it has generated that many) are batched tensor ops with no Python loop over rows and no host
+copy of the logits; only the chosen ids come back. On a GPU a draw is the exponential race
+(argmax of p / q, q ~ Exp(1): the multinomial's distribution with no host sync), on the CPU
+one batched multinomial (one random number a row). Unseeded rows draw from the sampler's
+generator in one call for the batch; a seeded row from a generator seeded by (seed, output
+position), so its tokens do not depend on the batch or on preemption. The only loops are over
+seeded rows and over rows with stop tokens to mask.
+"""
 
 from __future__ import annotations
 
@@ -17,41 +27,117 @@ _SEED_MASK = (1 << 63) - 1
 
 @dataclass(slots=True)
 class Sampler:
-    """Samples one token per row. A seeded request draws from a generator seeded by
-    (seed, output position), so its tokens do not depend on the batch or on preemption."""
+    """Samples one token per row (see the module docstring)."""
 
-    generator: torch.Generator = field(default_factory=torch.Generator)
+    # the unseeded rows' noise, created on the logits' device at the first sampled batch
+    generators: dict[torch.device, torch.Generator] = field(default_factory=dict)
 
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
-        greedy = [
-            i for i, row in enumerate(rows) if row.params.temperature < GREEDY_BELOW_TEMPERATURE
-        ]
-        tokens = [0] * len(rows)
-        if greedy:
-            picked = logits[greedy].argmax(dim=-1).tolist()
-            for i, token in zip(greedy, picked, strict=True):
-                tokens[i] = int(token)
-        for i, row in enumerate(rows):
-            if row.params.temperature >= GREEDY_BELOW_TEMPERATURE:
-                tokens[i] = self._sample_row(logits[i], row)
-        return tokens
+        logits = _mask_stop_tokens(logits, rows)
+        greedy = [row.params.temperature < GREEDY_BELOW_TEMPERATURE for row in rows]
+        if all(greedy):
+            return [int(t) for t in logits.argmax(dim=-1).tolist()]
+        probs = _filtered_probs(logits, rows, greedy)
+        seeds = [None if g else row.params.seed for row, g in zip(rows, greedy, strict=True)]
+        generator = self._generator(probs.device)
+        if probs.is_cuda:
+            sampled = _exponential_race(probs, rows, seeds, generator)
+        else:
+            sampled = _multinomial(probs, rows, seeds, generator)
+        if any(greedy):
+            is_greedy = torch.tensor(greedy, device=logits.device)
+            sampled = torch.where(is_greedy, logits.argmax(dim=-1), sampled)
+        return [int(t) for t in sampled.tolist()]
 
-    def _sample_row(self, logits: torch.Tensor, row: SamplingRow) -> int:
-        params = row.params
-        scaled = logits.float().cpu() / params.temperature
-        if params.top_k is not None and params.top_k < scaled.numel():
-            kth = torch.topk(scaled, params.top_k).values[-1]
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        probs = torch.softmax(scaled, dim=-1)
-        if params.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
-            cumulative = sorted_probs.cumsum(0)
-            drop = cumulative - sorted_probs > params.top_p
-            sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        generator = self.generator
-        if params.seed is not None:
-            generator = torch.Generator().manual_seed(
-                (params.seed * _SEED_MIX + row.output_index) & _SEED_MASK
-            )
-        return int(torch.multinomial(probs, 1, generator=generator).item())
+    def _generator(self, device: torch.device) -> torch.Generator:
+        generator = self.generators.get(device)
+        if generator is None:
+            generator = self.generators[device] = torch.Generator(device=device)
+            generator.seed()
+        return generator
+
+
+def _seeded(row: SamplingRow, seed: int, device: torch.device) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    generator.manual_seed((seed * _SEED_MIX + row.output_index) & _SEED_MASK)
+    return generator
+
+
+def _exponential_race(
+    probs: torch.Tensor,
+    rows: list[SamplingRow],
+    seeds: list[int | None],
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """argmax of p / q, q ~ Exp(1) per token: no host sync (the GPU's draw)."""
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    for i, seed in enumerate(seeds):
+        if seed is not None:
+            noise[i].exponential_(generator=_seeded(rows[i], seed, probs.device))
+    return (probs / noise).argmax(dim=-1)
+
+
+def _multinomial(
+    probs: torch.Tensor,
+    rows: list[SamplingRow],
+    seeds: list[int | None],
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """One multinomial draw per row, unseeded rows in one call (the CPU's draw: one random
+    number a row, where the race needs one a token)."""
+    sampled = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    for i, seed in enumerate(seeds):
+        if seed is not None:
+            draw = torch.multinomial(probs[i], 1, generator=_seeded(rows[i], seed, probs.device))
+            sampled[i] = draw[0]
+    return sampled
+
+
+def _mask_stop_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """``logits`` with each row's ``suppressed_ids`` at -inf (a copy when any are)."""
+    row_index = [i for i, row in enumerate(rows) for _ in row.suppressed_ids]
+    if not row_index:
+        return logits
+    token_index = [t for row in rows for t in row.suppressed_ids]
+    masked = logits.clone()
+    masked[row_index, token_index] = float("-inf")
+    return masked
+
+
+def _column(values: list[float], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
+
+
+def _filtered_probs(
+    logits: torch.Tensor, rows: list[SamplingRow], greedy: list[bool]
+) -> torch.Tensor:
+    """Each row's distribution after temperature, top-k, top-p and min-p (float32)."""
+    device, vocab = logits.device, logits.shape[-1]
+    params = [row.params for row in rows]
+    temperatures = [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]
+    scaled = logits.float() / _column(temperatures, device)
+    top_k = [vocab if p.top_k is None else min(p.top_k, vocab) for p in params]
+    top_p = [p.top_p for p in params]
+    if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
+        scaled = _top_k_top_p(scaled, top_k, top_p)
+    probs = torch.softmax(scaled, dim=-1)
+    min_p = [p.min_p for p in params]
+    if any(m > 0.0 for m in min_p):
+        floor = probs.amax(dim=-1, keepdim=True) * _column(min_p, device)
+        probs = probs.masked_fill(probs < floor, 0.0)
+    return probs
+
+
+def _top_k_top_p(scaled: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Logits outside each row's top k, and past its top-p mass (the token that crosses it
+    kept), at -inf: one sort for the batch."""
+    device = scaled.device
+    ordered, order = scaled.sort(dim=-1, descending=True)
+    positions = torch.arange(scaled.shape[-1], device=device).unsqueeze(0)
+    k = torch.tensor(top_k, device=device).unsqueeze(1)
+    ordered = ordered.masked_fill(positions >= k, float("-inf"))
+    if any(p < 1.0 for p in top_p):
+        probs = torch.softmax(ordered, dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs
+        ordered = ordered.masked_fill(mass_before > _column(top_p, device), float("-inf"))
+    return torch.full_like(scaled, float("-inf")).scatter_(1, order, ordered)

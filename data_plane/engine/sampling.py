@@ -12,7 +12,16 @@ __all__ = ["SamplingParams", "SamplingRow"]
 
 @dataclass(slots=True)
 class SamplingRow:
-    """One sequence to sample: its logits row index, params and output position."""
+    """One sequence to sample: its params, its output position and the tokens it must not
+    sample now (its stop tokens, while under ``min_tokens``)."""
 
     params: SamplingParams
     output_index: int  # how many tokens the request has generated so far
+    suppressed_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def of(
+        cls, params: SamplingParams, output_index: int, stop_ids: tuple[int, ...]
+    ) -> SamplingRow:
+        suppressed = stop_ids if output_index < params.min_tokens else ()
+        return cls(params, output_index, suppressed)

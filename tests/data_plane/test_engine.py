@@ -99,6 +99,27 @@ def test_stop_strings_and_stop_token_ids(stories) -> None:
     del tok
 
 
+def test_min_tokens_holds_back_stop_tokens_and_stop_strings(stories) -> None:
+    """vLLM's min_tokens: below it the stop token is never drawn (the greedy reference's third
+    token is, so the output leaves the reference there) and a stop string does not count;
+    include_stop_str_in_output keeps the stop string in the text."""
+    ref = STORIES_REFERENCE_TOKENS
+    params = [
+        SamplingParams(max_tokens=60, temperature=0, stop_token_ids=(ref[2],), min_tokens=6),
+        SamplingParams(max_tokens=60, temperature=0, stop=("Once",), min_tokens=4),
+        SamplingParams(
+            max_tokens=60, temperature=0, stop=(" a ",), include_stop_str_in_output=True
+        ),
+    ]
+    _, results = _run(stories, EngineConfig(), [[1]] * 3, params)
+    held = results[0].token_ids
+    assert held[:2] == ref[:2] and held[2] != ref[2]
+    assert len(held) >= 6 and ref[2] not in held[:6]
+    assert results[0].finish_reason == "length" or held[-1] == ref[2]
+    assert results[1].token_ids[:4] == ref[:4]  # "Once" at the start did not stop it
+    assert results[2].text == "Once upon a time, there was a "[: len("Once upon a ")]
+
+
 def test_prompt_longer_than_context_fails_alone(stories) -> None:
     too_long = [1] + [300] * 600  # the model's context is 512
     results = generate(build_engine(stories, EngineConfig()), [[1], too_long, [1]], [GREEDY] * 3)

@@ -13,6 +13,7 @@ from openai import BadRequestError, OpenAI
 
 from gateway.openai_models import ChatCompletionRequest, CompletionRequest
 from gateway.unsupported import UNSUPPORTED
+from tests.conftest import STORIES_REFERENCE_TOKENS
 from tests.served import Served
 
 MODEL = "stories260K"
@@ -32,6 +33,17 @@ BOTH = [
     ("frequency_penalty", -0.5),
     ("repetition_penalty", 1.2),
     ("logit_bias", {"50256": -100}),
+    ("skip_special_tokens", False),
+    ("store", True),
+    ("metadata", {"team": "a"}),
+    ("service_tier", "flex"),
+    ("parallel_tool_calls", True),
+    ("structured_outputs", {"json": {"type": "object"}}),
+    ("guided_json", {"type": "object"}),
+    ("guided_regex", "a+"),
+    ("guided_choice", ["yes", "no"]),
+    ("guided_grammar", "root ::= 'a'"),
+    ("prompt_logprobs", 1),
 ]
 CASES = [
     *((CHAT, f, v) for f, v in BOTH),
@@ -42,6 +54,11 @@ CASES = [
     (CHAT, "function_call", {"name": "f"}),
     (CHAT, "logprobs", True),
     (CHAT, "top_logprobs", 2),
+    (CHAT, "modalities", ["text", "audio"]),
+    (CHAT, "audio", {"voice": "alloy", "format": "wav"}),
+    (CHAT, "prediction", {"type": "content", "content": "Tim"}),
+    (CHAT, "reasoning_effort", "low"),
+    (CHAT, "web_search_options", {"search_context_size": "low"}),
     *((COMPLETIONS, f, v) for f, v in BOTH),
     (COMPLETIONS, "logprobs", 1),
     (COMPLETIONS, "logprobs", 0),  # still asks for the chosen tokens' log probabilities
@@ -63,6 +80,12 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "frequency_penalty": 0.0,
         "repetition_penalty": 1.0,
         "logit_bias": {},
+        "skip_special_tokens": True,
+        "store": False,
+        "service_tier": "auto",
+        "modalities": ["text"],
+        "parallel_tool_calls": None,
+        "guided_json": None,
     },
     COMPLETIONS: {
         "response_format": None,
@@ -75,6 +98,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "logit_bias": None,
         "echo": False,
         "suffix": None,
+        "spaces_between_special_tokens": False,
+        "metadata": {},
+        "prompt_logprobs": 0,
     },
 }
 
@@ -149,3 +175,68 @@ def test_chat_request_fields_of_vllm(served: Served) -> None:
         assert conflict.json()["error"]["param"] == "continue_final_message"
     go_on = _post(served, CHAT, {**both, "add_generation_prompt": False}, fast=True)
     assert go_on.status_code == 200, go_on.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (COMPLETIONS, {"max_token": 5}, "max_token"),  # a typo of max_tokens
+        (CHAT, {"reponse_format": {"type": "json_object"}}, "reponse_format"),
+        (CHAT, {"stream_options": {"include_usage": True, "usage": 1}}, "stream_options.usage"),
+        (
+            CHAT,
+            {"messages": [{"role": "user", "content": "Tim", "weight": 2}]},
+            "messages.0.weight",
+        ),
+    ],
+)
+def test_an_unknown_field_is_a_400_naming_it(
+    served: Served, path: str, body: dict[str, Any], param: str
+) -> None:
+    """Not served as if it were not there: a typo or a feature this server lacks."""
+    for fast in (True, False):
+        response = _post(served, path, {**BASE[path], **body}, fast)
+        assert response.status_code == 400, (fast, response.text)
+        error = response.json()["error"]
+        assert error["param"] == param and f"'{param}'" in error["message"]
+
+
+def test_a_history_with_tool_calls_is_refused_not_dropped(served: Served) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "Tim"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "42", "tool_call_id": "c1"},
+    ]
+    for fast in (True, False):
+        response = _post(served, CHAT, {**BASE[CHAT], "messages": messages}, fast)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "messages.1.tool_calls"
+
+
+def test_vllm_sampling_fields_are_applied(served: Served, client: OpenAI) -> None:
+    """Through the official client's extra_body, greedy from "Once upon a time": stop_token_ids
+    ends at the reference's token (stories260K's tokens, tests/conftest.py), min_tokens holds it
+    back, include_stop_str_in_output keeps the stop string, min_p 1 is greedy at temperature 2."""
+    ref = STORIES_REFERENCE_TOKENS  # greedy from BOS: "Once upon a time, there was a little..."
+    prompt = [1, *ref[:4]]
+    base: dict[str, Any] = {"model": MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 0}
+    free = client.completions.create(**base)
+    stop_id = ref[6]
+    stopped = client.completions.create(**base, extra_body={"stop_token_ids": [stop_id]})
+    assert stopped.choices[0].finish_reason == "stop" and stopped.usage is not None
+    assert stopped.usage.completion_tokens == 3  # ref[4], ref[5], then the stop token ref[6]
+    held = client.completions.create(
+        **base, extra_body={"stop_token_ids": [stop_id], "min_tokens": 8}
+    )
+    assert held.usage is not None and held.usage.completion_tokens >= 8
+    assert held.choices[0].text != free.choices[0].text  # the stop token was never drawn
+    kept = client.completions.create(
+        **base, stop=[" was"], extra_body={"include_stop_str_in_output": True}
+    )
+    cut = client.completions.create(**base, stop=[" was"])
+    assert kept.choices[0].text == cut.choices[0].text + " was"
+    hot = {**base, "temperature": 2.0}
+    for seed in range(4):
+        greedy = client.completions.create(**hot, seed=seed, extra_body={"min_p": 1.0})
+        assert greedy.choices[0].text == free.choices[0].text
