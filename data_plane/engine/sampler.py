@@ -4,10 +4,10 @@ Greedy, temperature, top-k, top-p, min-p and ``min_tokens`` (a row's stop tokens
 it has generated that many) are batched tensor ops with no Python loop over rows and no host
 copy of the logits; only the chosen ids come back. On a GPU a draw is the exponential race
 (argmax of p / q, q ~ Exp(1): the multinomial's distribution with no host sync), on the CPU
-one batched multinomial (one random number a row). Unseeded rows draw from the sampler's
-generator in one call for the batch; a seeded row from a generator seeded by (seed, output
-position), so its tokens do not depend on the batch or on preemption. The only loops are over
-seeded rows and over rows with stop tokens to mask.
+the inverse of each row's cumulative distribution (one random number a row). Unseeded rows
+draw from the sampler's generator in one call for the batch; a seeded row from a generator
+seeded by (seed, output position), so its tokens do not depend on the batch or on
+preemption. The only loops are over seeded rows and over rows with stop tokens to mask.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Sampler:
         if probs.is_cuda:
             sampled = _exponential_race(probs, rows, seeds, generator)
         else:
-            sampled = _multinomial(probs, rows, seeds, generator)
+            sampled = _inverse_cdf(probs, rows, seeds, generator)
         if any(greedy):
             is_greedy = torch.tensor(greedy, device=logits.device)
             sampled = torch.where(is_greedy, logits.argmax(dim=-1), sampled)
@@ -77,20 +77,23 @@ def _exponential_race(
     return (probs / noise).argmax(dim=-1)
 
 
-def _multinomial(
+def _inverse_cdf(
     probs: torch.Tensor,
     rows: list[SamplingRow],
     seeds: list[int | None],
     generator: torch.Generator,
 ) -> torch.Tensor:
-    """One multinomial draw per row, unseeded rows in one call (the CPU's draw: one random
-    number a row, where the race needs one a token)."""
-    sampled = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    """One uniform number a row against the row's cumulative distribution (the CPU's draw:
+    torch.multinomial over a batch was slower there than one row at a time). Float64 sums;
+    ``1 - U[0, 1)`` is never 0, so a token of probability 0 is never the first >= it."""
+    cdf = probs.double().cumsum(dim=-1)
+    uniform = 1.0 - torch.rand(len(seeds), generator=generator, dtype=torch.float64)
     for i, seed in enumerate(seeds):
         if seed is not None:
-            draw = torch.multinomial(probs[i], 1, generator=_seeded(rows[i], seed, probs.device))
-            sampled[i] = draw[0]
-    return sampled
+            seeded = _seeded(rows[i], seed, probs.device)
+            uniform[i] = 1.0 - torch.rand(1, generator=seeded, dtype=torch.float64)[0]
+    targets = (uniform.to(probs.device) * cdf[:, -1]).unsqueeze(1)
+    return torch.searchsorted(cdf, targets).squeeze(1).clamp_(max=probs.shape[-1] - 1)
 
 
 def _mask_stop_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
