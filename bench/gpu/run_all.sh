@@ -95,6 +95,8 @@ run gpu_tests 80 gpu_tests tests/data_plane/test_triton_attention.py \
 run decode_step 75 "$PY" bench/gpu/decode_step.py
 # (b) iteration time with and without B_xfer rotation traffic, overlap from CUDA events
 run rotation_overlap 45 "$PY" bench/gpu/rotation_overlap.py
+# the batched sampler against the per-row one it replaced, on the device
+run sampler 20 "$PY" bench/sampler.py --repeats 1 --device cuda
 # (d) vllm vs lvf, the engine in real time on the 8B shape: what is left but ~40 s (it drops
 # its last rate when that would not fit)
 E2E_BUDGET=$(( $(left) - 40 ))
