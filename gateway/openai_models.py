@@ -74,8 +74,8 @@ class SamplingFields(BaseModel):
     priority: Annotated[int, Field(ge=-(2**31), le=_MAX_INT)] = 0
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, Any] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=100.0)] | None = None
+    logit_bias: Annotated[dict[str, Any], Field(max_length=1024)] | None = None
     response_format: Any = None
     user: str | None = None
     # OpenAI fields this server does not serve beyond their defaults (gateway.unsupported)

@@ -46,14 +46,41 @@ def _max_tokens(requested: int | None, num_prompt: int, max_model_len: int) -> i
     """The request's max_tokens, the rest of the context when it gives none (vLLM's rule)."""
     max_tokens = max_model_len - num_prompt if requested is None else requested
     if num_prompt + max_tokens > max_model_len or max_tokens < 1:
+        limit = f"this model's maximum context length of {max_model_len} tokens"
+        if requested is None:
+            message = f"the prompt has {num_prompt} tokens, which leaves no room for output "
+            message += f"within {limit} (max_tokens not given)"
+        else:
+            message = f"the prompt has {num_prompt} tokens and max_tokens is {requested}: "
+            message += f"{num_prompt + requested} in all, over {limit}"
         raise APIError(
             400,
-            f"this model's maximum context length is {max_model_len} tokens; the request has "
-            f"{num_prompt} prompt tokens and asks for {max_tokens} more",
+            message,
             param="max_tokens",
             code="context_length_exceeded",
         )
     return max_tokens
+
+
+def _logit_bias(bias: dict[str, object] | None) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """OpenAI's logit_bias (token id as a string -> a bias in [-100, 100]) as the two tuples
+    of :class:`SamplingParams`; 400 naming ``logit_bias`` otherwise (ids past the vocabulary
+    are the worker's 400)."""
+    ids: list[int] = []
+    values: list[float] = []
+    for key, value in (bias or {}).items():
+        token = int(key) if key.isascii() and key.isdigit() and len(key) <= 10 else -1
+        number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+        if not 0 <= token <= 2**31 - 1 or number is None or not -100 <= number <= 100:
+            raise APIError(
+                400,
+                f"logit_bias maps token ids to biases in [-100, 100]; got {key[:32]!r}: "
+                f"{str(value)[:32]}",
+                param="logit_bias",
+            )
+        ids.append(token)
+        values.append(float(number))
+    return tuple(ids), tuple(values)
 
 
 def sampling_params(
@@ -67,6 +94,7 @@ def sampling_params(
         len(s) > settings.max_stop_string_chars for s in stop
     ):
         raise APIError(400, "too many or too long stop strings", param="stop")
+    bias_ids, bias_values = _logit_bias(body.logit_bias)
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -80,6 +108,11 @@ def sampling_params(
             min_tokens=body.min_tokens,
             min_p=body.min_p or 0.0,
             include_stop_str_in_output=body.include_stop_str_in_output,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+            logit_bias_ids=bias_ids,
+            logit_bias_values=bias_values,
         )
     except ValueError as exc:
         raise APIError(400, str(exc)) from exc

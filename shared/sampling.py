@@ -26,6 +26,25 @@ class SamplingParams:
     min_tokens: int = 0
     min_p: float = 0.0  # tokens under min_p x the most likely one's probability are dropped
     include_stop_str_in_output: bool = False  # the stop string ends the text (not cut)
+    # OpenAI's penalties over the generated tokens (logit -= frequency x count + presence if
+    # seen), vLLM's / transformers' repetition penalty over prompt and generated tokens (a
+    # seen token's logit divided by it when positive, multiplied when negative), and
+    # OpenAI's logit_bias (added to the logits of those ids): all before temperature.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias_ids: tuple[int, ...] = ()
+    logit_bias_values: tuple[float, ...] = ()
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty or bias changes the logits."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias_ids
+        )
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:
@@ -44,3 +63,9 @@ class SamplingParams:
             )
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0.0 < self.repetition_penalty <= 100.0:
+            raise ValueError(
+                f"repetition_penalty must be in (0, 100], got {self.repetition_penalty}"
+            )
+        if len(self.logit_bias_ids) != len(self.logit_bias_values):
+            raise ValueError("logit_bias_ids and logit_bias_values differ in length")

@@ -138,6 +138,10 @@ class Engine:
             0 <= t < self.vocab_size for t in params.stop_token_ids
         ):
             raise RequestError(f"stop_token_ids must be in 0..{self.vocab_size - 1}")
+        if self.vocab_size is not None and not all(
+            0 <= t < self.vocab_size for t in params.logit_bias_ids
+        ):
+            raise RequestError(f"logit_bias token ids must be in 0..{self.vocab_size - 1}")
         needed = self.kv.blocks_for(len(prompt_token_ids) + 1)
         if needed > self.kv.num_hbm_blocks:
             raise RequestError(

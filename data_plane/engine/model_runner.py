@@ -96,7 +96,7 @@ class ModelRunner:
             input_ids, positions, meta, sample_items, logits_index = self._prepare(items)
             logits = self.model(input_ids, positions, kv_cache, meta, logits_index)
         rows = [
-            SamplingRow.of(r.params, len(r.output_token_ids), r.stop_ids)
+            SamplingRow.of(r.params, r.prompt_token_ids, r.output_token_ids, r.stop_ids)
             for r in (item.request for item in sample_items)
         ]
         tokens = self.sampler.sample(logits, rows)

@@ -1,13 +1,14 @@
 """The sampler: one token per row, for the whole batch at once on the logits' device.
 
-Greedy, temperature, top-k, top-p, min-p and ``min_tokens`` (a row's stop tokens masked until
-it has generated that many) are batched tensor ops with no Python loop over rows and no host
+Penalties and logit bias (:mod:`data_plane.engine.penalties`), greedy, temperature, top-k,
+top-p, min-p and ``min_tokens`` (a row's stop tokens masked until it has generated that many)
+are batched tensor ops with no Python loop over rows' logits and no host
 copy of the logits; only the chosen ids come back. On a GPU a draw is the exponential race
 (argmax of p / q, q ~ Exp(1): the multinomial's distribution with no host sync), on the CPU
 the inverse of each row's cumulative distribution (one random number a row). Unseeded rows
 draw from the sampler's generator in one call for the batch; a seeded row from a generator
 seeded by (seed, output position), so its tokens do not depend on the batch or on
-preemption. The only loops are over seeded rows and over rows with stop tokens to mask.
+preemption. Python loops only gather ids: seeded rows, stop tokens, penalized rows' tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from data_plane.engine.penalties import apply_penalties
 from data_plane.engine.sampling import SamplingRow
 
 _SEED_MIX = 1_000_003
@@ -33,7 +35,7 @@ class Sampler:
     generators: dict[torch.device, torch.Generator] = field(default_factory=dict)
 
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
-        logits = _mask_stop_tokens(logits, rows)
+        logits = _mask_stop_tokens(apply_penalties(logits, rows), rows)
         greedy = [row.params.temperature < GREEDY_BELOW_TEMPERATURE for row in rows]
         if all(greedy):
             return [int(t) for t in logits.argmax(dim=-1).tolist()]

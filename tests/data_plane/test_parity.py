@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from data_plane.engine.config import EngineConfig
 from data_plane.engine.llm import build_engine, generate
@@ -78,3 +79,35 @@ def test_config_fields_are_read(checkpoint) -> None:
         assert cfg.sliding_window == 24
     if family == "qwen2":
         assert cfg.qkv_bias and cfg.tie_word_embeddings
+
+
+@torch.no_grad()
+def test_penalized_greedy_matches_transformers_generate(checkpoint) -> None:
+    """Greedy with repetition_penalty and with a logit_bias: the same tokens as transformers'
+    generate with its RepetitionPenaltyLogitsProcessor / SequenceBiasLogitsProcessor, and not
+    the unpenalized ones."""
+    directory, prompts, reference = checkpoint
+    model = AutoModelForCausalLM.from_pretrained(directory, torch_dtype=torch.float32).eval()
+    loaded = load_model(str(directory))
+    engine = build_engine(loaded, EngineConfig(block_size=16, num_hbm_blocks=4096))
+    num_new = 16
+    cases = [
+        ({"repetition_penalty": 1.8}, {"repetition_penalty": 1.8}),
+        ({"logit_bias_ids": (5,), "logit_bias_values": (4.0,)}, {"sequence_bias": {(5,): 4.0}}),
+    ]
+    for ours, theirs in cases:
+        params = SamplingParams(max_tokens=num_new, temperature=0, ignore_eos=True, **ours)
+        results = generate(engine, prompts[:4], [params] * 4)
+        changed = 0
+        for prompt, result, (plain, _) in zip(prompts, results, reference, strict=False):
+            out = model.generate(
+                torch.tensor([prompt]),
+                do_sample=False,
+                max_new_tokens=num_new,
+                min_new_tokens=num_new,
+                pad_token_id=0,
+                **theirs,
+            )
+            assert result.token_ids == out[0, len(prompt) :].tolist(), (ours, prompt)
+            changed += result.token_ids[: len(plain)] != plain
+        assert changed, f"{ours} changed no continuation"

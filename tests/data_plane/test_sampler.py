@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from data_plane.engine.penalties import apply_penalties
 from data_plane.engine.sampler import Sampler
 from data_plane.engine.sampling import SamplingRow
 from shared.sampling import SamplingParams
@@ -107,5 +108,36 @@ def test_stop_tokens_are_never_drawn_while_suppressed() -> None:
 
 def test_min_tokens_suppression_follows_the_output_position() -> None:
     params = SamplingParams(max_tokens=8, min_tokens=3)
-    assert SamplingRow.of(params, 2, (7, 9)).suppressed_ids == (7, 9)
-    assert SamplingRow.of(params, 3, (7, 9)).suppressed_ids == ()
+    assert SamplingRow.of(params, [1], [5, 6], (7, 9)).suppressed_ids == (7, 9)
+    assert SamplingRow.of(params, [1], [5, 6, 7], (7, 9)).suppressed_ids == ()
+
+
+def test_penalties_match_transformers_and_openai_formulas() -> None:
+    """Repetition penalty as transformers' RepetitionPenaltyLogitsProcessor computes it over
+    prompt + output; presence/frequency as OpenAI documents them over the output; logit_bias
+    added. Greedy picks from the penalized logits."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    logits = _logits(3, seed=5)
+    prompt, output = [1, 2, 3], [4, 4, 5]
+    rep = SamplingParams(max_tokens=8, temperature=0.0, repetition_penalty=1.7)
+    pen = SamplingParams(max_tokens=8, temperature=0.0, presence_penalty=0.5, frequency_penalty=0.8)
+    bias = SamplingParams(
+        max_tokens=8, temperature=0.0, logit_bias_ids=(7, 2), logit_bias_values=(100.0, -1.0)
+    )
+    rows = [SamplingRow.of(p, prompt, output, ()) for p in (rep, pen, bias)]
+    got = apply_penalties(logits, rows)
+    ids = torch.tensor([prompt + output])
+    expected_rep = RepetitionPenaltyLogitsProcessor(1.7)(ids, logits[0:1].clone())[0]
+    torch.testing.assert_close(got[0], expected_rep)
+    counts = torch.bincount(torch.tensor(output), minlength=VOCAB).float()
+    expected_pen = logits[1] - 0.8 * counts - 0.5 * (counts > 0).float()
+    torch.testing.assert_close(got[1], expected_pen)
+    expected_bias = logits[2].clone()
+    expected_bias[7] += 100.0
+    expected_bias[2] -= 1.0
+    torch.testing.assert_close(got[2], expected_bias)
+    assert Sampler().sample(logits, rows)[2] == 7
+    plain = [SamplingRow.of(SamplingParams(max_tokens=8), prompt, output, ())]
+    assert plain[0].prompt_ids == ()  # rows without penalties carry no token lists
+    assert torch.equal(apply_penalties(logits[:1], plain), logits[:1])

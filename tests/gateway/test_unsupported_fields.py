@@ -29,10 +29,6 @@ BOTH = [
     ("response_format", {"type": "json_object"}),
     ("n", 2),
     ("best_of", 3),
-    ("presence_penalty", 0.5),
-    ("frequency_penalty", -0.5),
-    ("repetition_penalty", 1.2),
-    ("logit_bias", {"50256": -100}),
     ("skip_special_tokens", False),
     ("store", True),
     ("metadata", {"team": "a"}),
@@ -236,6 +232,19 @@ def test_vllm_sampling_fields_are_applied(served: Served, client: OpenAI) -> Non
     )
     cut = client.completions.create(**base, stop=[" was"])
     assert kept.choices[0].text == cut.choices[0].text + " was"
+    forced = client.completions.create(**base, logit_bias={str(ref[0]): 100})
+    assert forced.choices[0].text == " Once" * 12  # the biased token, 12 times
+    for bad in ({"x": 1}, {"5": 101}, {"5": True}):
+        with pytest.raises(BadRequestError) as refused:
+            client.completions.create(**base, logit_bias=bad)  # type: ignore[arg-type]
+        assert refused.value.param == "logit_bias"
+    longer = {**base, "max_tokens": 48}  # long enough for greedy to repeat a token
+    plain = client.completions.create(**longer).choices[0].text
+    for penalty in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
+        penalized = client.completions.create(**longer, **penalty).choices[0].text  # type: ignore[arg-type]
+        assert penalized != plain, penalty
+    repeated = client.completions.create(**longer, extra_body={"repetition_penalty": 2.0})
+    assert repeated.choices[0].text != plain
     hot = {**base, "temperature": 2.0}
     for seed in range(4):
         greedy = client.completions.create(**hot, seed=seed, extra_body={"min_p": 1.0})
