@@ -22,9 +22,11 @@ from gateway.sampling import generation_params
 from gateway.sse import KEEPALIVE_EVENT, ChunkBuilder, ChunkFormat, SseResponse
 from gateway.state import GatewayState
 from gateway.tenancy import admit, authenticate
+from gateway.tokenize_routes import router as tokenize_router
 from gateway.unsupported import reject_unsupported
 
 router = APIRouter()
+router.include_router(tokenize_router)  # /tokenize, /detokenize, /version, /ping
 
 
 def _state(request: Request) -> GatewayState:

@@ -49,6 +49,16 @@ class PromptEncoder:
         self._check_chars(sum(len(m["content"]) for m in messages), "messages")
         return await self._off_loop(self._render_and_encode, body, messages)
 
+    async def text(self, text: str, add_special_tokens: bool) -> list[int]:
+        """``text`` tokenized as is (``/tokenize``): BOS only with ``add_special_tokens``."""
+        self._check_chars(len(text), "prompt")
+        return await self._off_loop(self._encode, text, add_special_tokens, "prompt")
+
+    async def decode(self, token_ids: list[int], each: bool = False) -> list[str]:
+        """The text of ``token_ids`` (``/detokenize``), then with ``each`` that of every token
+        alone (``/tokenize``'s token_strs); 400 for an id the tokenizer does not know."""
+        return await self._off_loop(self._decode, token_ids, each)
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -74,6 +84,14 @@ class PromptEncoder:
             return self.tokenizer.encode(text, add_bos=add_bos)
         except UnicodeError as exc:  # a lone surrogate the models did not see (a template's)
             raise APIError(400, f"{param}: the text is not valid Unicode", param=param) from exc
+
+    def _decode(self, token_ids: list[int], each: bool) -> list[str]:
+        decode = self.tokenizer.decode
+        try:
+            return [decode(token_ids), *(decode([t]) for t in token_ids if each)]
+        except (IndexError, KeyError, ValueError, OverflowError, TypeError) as exc:
+            message = f"tokens: not ids of this tokenizer ({exc})"[:200]
+            raise APIError(400, message, param="tokens") from exc
 
     def _check_chars(self, num_chars: int, param: str) -> None:
         if num_chars > self.max_chars:

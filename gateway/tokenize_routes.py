@@ -1,0 +1,101 @@
+"""vLLM's utility endpoints: ``/tokenize`` and ``/detokenize`` (the served tokenizer and chat
+template, as the completions endpoints see them), ``/version`` and ``/ping``."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gateway.errors import APIError
+from gateway.openai_models import ChatCompletionRequest, ChatMessage, TokenId, valid_unicode
+from gateway.state import GatewayState
+from gateway.tenancy import authenticate
+
+router = APIRouter()
+
+
+class TokenizeCompletion(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True  # BOS, as a completion's prompt gets
+    return_token_strs: bool = False
+
+    _text = field_validator("prompt", "model")(valid_unicode)
+
+
+class TokenizeChat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+    _text = field_validator("model", "chat_template_kwargs")(valid_unicode)
+
+
+class Detokenize(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    tokens: Annotated[list[TokenId], Field(max_length=1_048_576)]
+
+
+def _state(request: Request) -> GatewayState:
+    state: GatewayState = request.app.state.gateway
+    return state
+
+
+async def _caller(request: Request, model: str | None) -> GatewayState:
+    """The gateway state, once the caller's key (as /v1 needs) and the model are right."""
+    state = _state(request)
+    await authenticate(state, request)
+    if model is not None and model != state.model_name:
+        raise APIError(404, f"the model {model[:200]!r} does not exist", "model", "model_not_found")
+    return state
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeCompletion | TokenizeChat, request: Request) -> dict[str, Any]:
+    """vLLM's shape: ``count``, ``max_model_len``, ``tokens``, ``token_strs``."""
+    state = await _caller(request, body.model)
+    if isinstance(body, TokenizeChat):
+        fields = body.model_dump(exclude={"return_token_strs"})
+        ids = await state.prompts.chat_completion(ChatCompletionRequest.model_validate(fields))
+    else:
+        ids = await state.prompts.text(body.prompt, body.add_special_tokens)
+    strs = (await state.prompts.decode(ids, each=True))[1:] if body.return_token_strs else None
+    return {
+        "count": len(ids),
+        "max_model_len": state.directory.max_model_len(),
+        "tokens": ids,
+        "token_strs": strs,
+    }
+
+
+@router.post("/detokenize")
+async def detokenize(body: Detokenize, request: Request) -> dict[str, str]:
+    state = await _caller(request, body.model)
+    return {"prompt": (await state.prompts.decode(body.tokens))[0]}
+
+
+@router.get("/version")
+async def server_version(request: Request) -> dict[str, str]:
+    await authenticate(_state(request), request)  # open only where /v1 is
+    try:
+        return {"version": version("superinfer")}
+    except PackageNotFoundError:  # run from a checkout without an install
+        return {"version": "unknown"}
+
+
+@router.api_route("/ping", methods=["GET", "POST"])
+async def ping() -> Response:
+    """Liveness as vLLM answers it (SageMaker's probe): 200, empty."""
+    return Response(status_code=200)

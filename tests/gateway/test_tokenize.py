@@ -1,0 +1,51 @@
+"""vLLM's /tokenize, /detokenize, /version and /ping against the served stories260K: the
+tokens of the reference text are the kit's reference tokens (stories260K's greedy output from
+BOS, tests/conftest.py), and they decode back to the text."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.conftest import STORIES_REFERENCE_TOKENS
+from tests.served import Served
+
+TEXT = "Once upon a time, there was a little girl named Lily."
+
+
+def _post(served: Served, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{served.url}{path}", json=body, timeout=30)
+
+
+def test_tokenize_and_detokenize_round_trip(served: Served) -> None:
+    body = {"prompt": TEXT, "return_token_strs": True}
+    out = _post(served, "/tokenize", body).json()
+    assert out["tokens"][0] == 1  # BOS, as a completion's prompt
+    assert out["tokens"][1:] == STORIES_REFERENCE_TOKENS[: out["count"] - 1]
+    assert out["count"] == len(out["tokens"]) and out["max_model_len"] > 0
+    assert "".join(out["token_strs"][1:]).replace("\u2581", " ").strip() == TEXT
+    plain = _post(served, "/tokenize", {"prompt": TEXT, "add_special_tokens": False}).json()
+    assert plain["tokens"] == out["tokens"][1:] and plain["token_strs"] is None
+    back = _post(served, "/detokenize", {"tokens": out["tokens"]}).json()
+    assert back == {"prompt": TEXT}  # after BOS, without the first piece's space
+
+
+def test_tokenize_chat_counts_what_a_chat_completion_prefills(served: Served) -> None:
+    messages = [{"role": "user", "content": "Tim"}]
+    out = _post(served, "/tokenize", {"messages": messages}).json()
+    chat = {"messages": messages, "max_tokens": 1, "temperature": 0}
+    usage = _post(served, "/v1/chat/completions", chat).json()["usage"]
+    assert out["count"] == usage["prompt_tokens"]
+
+
+def test_bad_bodies_and_other_models_are_clear_errors(served: Served) -> None:
+    assert _post(served, "/tokenize", {"prompt": "a", "modle": "x"}).status_code == 400
+    other = _post(served, "/tokenize", {"prompt": "a", "model": "gpt-4"})
+    assert other.status_code == 404 and other.json()["error"]["param"] == "model"
+    bad = _post(served, "/detokenize", {"tokens": [10**9]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_version_and_ping(served: Served) -> None:
+    assert httpx.get(f"{served.url}/version", timeout=10).json()["version"]
+    for method in ("GET", "POST"):
+        assert httpx.request(method, f"{served.url}/ping", timeout=10).status_code == 200
