@@ -1,7 +1,10 @@
 """`/admin/v1`: SLO knobs and classes (validated: a bad value is a 422 and nothing changes),
 workers, one request's lifecycle, API keys (a tenant, an SLO class that is the key's ceiling, a
 ``min_priority``: the lowest priority value its requests may ask for, 0 by default). Every
-route needs the admin bearer token."""
+route needs the admin bearer token (a wrong one is counted, logged and slowed per source:
+gateway/auth_failures.py). Every body is validated by type (gateway/admin_bodies.py): a wrong
+one is a 422, never a 500. Removing SLO classes that keys name is a 409 listing the keys unless
+``?force=true``; a key is deleted by its whole id only."""
 
 from __future__ import annotations
 
@@ -10,7 +13,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Request
 
-from gateway.auth import check_admin, create_api_key, delete_api_key
+from gateway.admin_bodies import (
+    KNOB_CHANGES,
+    SLO_CLASSES,
+    ApiKeyBody,
+    validated,
+    validated_model,
+)
+from gateway.auth import check_admin, create_api_key, delete_api_key, is_key_id, keys_by_class
+from gateway.auth_failures import auth_failures
 from gateway.errors import APIError
 from gateway.state import GatewayState
 from shared import streams
@@ -24,11 +35,15 @@ def _state(request: Request) -> GatewayState:
     return state
 
 
-def _admin(request: Request) -> None:
-    check_admin(request, _state(request).settings.admin_token)
+async def _admin(request: Request) -> None:
+    try:
+        check_admin(request, _state(request).settings.admin_token)
+    except APIError as error:
+        raise await auth_failures(request).failed(request, "admin", error) from None
 
 
 router = APIRouter(prefix="/admin/v1", dependencies=[Depends(_admin)])
+MAX_REQUEST_ID_CHARS = 256
 
 
 @router.get("/knobs")
@@ -38,8 +53,9 @@ async def get_knobs(request: Request) -> dict[str, Any]:
 
 
 @router.put("/knobs")
-async def put_knobs(request: Request, changes: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+async def put_knobs(request: Request, body: Annotated[Any, Body()]) -> dict[str, Any]:
     state = _state(request)
+    changes = validated(KNOB_CHANGES, body, "knobs")
     try:
         knobs, version = await write_knobs(state.redis, changes)
     except ValueError as exc:
@@ -56,15 +72,49 @@ async def get_slo_classes(request: Request) -> dict[str, Any]:
 
 @router.put("/slo-classes")
 async def put_slo_classes(
-    request: Request, body: Annotated[dict[str, Any], Body()]
+    request: Request, body: Annotated[Any, Body()], force: bool = False
 ) -> dict[str, Any]:
+    """Replace the classes. A class that keys name (or the default class, while keys name
+    none) may go only with ``force``: those keys are then served in the default class (any
+    class when the default is gone too) until a class of their name comes back."""
     state = _state(request)
+    specs = validated(SLO_CLASSES, body, "slo_classes")
+    raw = {name: spec.model_dump() for name, spec in specs.items()}
+    stranded = await _stranded_keys(state, set(raw))
+    if stranded and not force:
+        listed = {name: ids[:20] for name, ids in stranded.items()}
+        message = (
+            f"API keys use SLO classes this removes: {listed}; delete or replace those keys "
+            "first, or PUT with ?force=true to serve them in the default class"
+        )
+        raise APIError(409, message, param="slo_classes", code="slo_class_in_use")
     try:
-        classes, version = await write_slo_classes(state.redis, body)
+        classes, version = await write_slo_classes(state.redis, raw)
     except ValueError as exc:
         raise APIError(422, str(exc), param="slo_classes", code="invalid_slo_class") from exc
     state.directory.slo_classes, state.directory.slo_classes_version = classes, version
-    return {"version": version, "classes": {n: _class(c) for n, c in classes.items()}}
+    reply: dict[str, Any] = {
+        "version": version,
+        "classes": {n: _class(c) for n, c in classes.items()},
+    }
+    if stranded:
+        default = state.settings.default_slo_class
+        reply["forced"] = {
+            "keys": stranded,
+            "served_in": default if default in classes else next(iter(classes)),
+        }
+    return reply
+
+
+async def _stranded_keys(state: GatewayState, kept: set[str]) -> dict[str, list[str]]:
+    """The ids of the keys, by the class they name, that ``kept`` would leave without it
+    (under the default class's name for keys that name none, when it is not kept)."""
+    by_class = await keys_by_class(state.redis)
+    default = state.settings.default_slo_class
+    stranded = {name: ids for name, ids in by_class.items() if name and name not in kept}
+    if None in by_class and default not in kept:
+        stranded.setdefault(default, []).extend(by_class[None])
+    return {name: sorted(ids) for name, ids in stranded.items() if name is not None}
 
 
 @router.get("/workers")
@@ -84,6 +134,8 @@ async def get_workers(request: Request) -> dict[str, Any]:
 
 @router.get("/requests/{request_id}")
 async def get_request(request_id: str, request: Request) -> dict[str, Any]:
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise APIError(404, "no record of that request (the id is too long)", code="not_found")
     raw = await _state(request).redis.hgetall(streams.request_lifecycle_key(request_id))
     if not raw:
         raise APIError(404, f"no record of request {request_id!r}", code="not_found")
@@ -91,16 +143,12 @@ async def get_request(request_id: str, request: Request) -> dict[str, Any]:
 
 
 @router.post("/api-keys")
-async def post_api_key(request: Request, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+async def post_api_key(request: Request, body: Annotated[Any, Body()]) -> dict[str, Any]:
     state = _state(request)
-    tenant, slo_class = body.get("tenant"), body.get("slo_class")
-    min_priority = body.get("min_priority", 0)
-    if not isinstance(tenant, str) or not tenant:
-        raise APIError(422, "tenant must be a non-empty string", param="tenant")
+    fields: ApiKeyBody = validated_model(ApiKeyBody, body, "api_key")
+    tenant, slo_class, min_priority = fields.tenant, fields.slo_class, fields.min_priority
     if slo_class is not None and slo_class not in state.directory.slo_classes:
         raise APIError(422, f"unknown SLO class {slo_class!r}", param="slo_class")
-    if type(min_priority) is not int or not -(2**31) <= min_priority < 2**31:
-        raise APIError(422, "min_priority must be a 32-bit integer", param="min_priority")
     key, info = await create_api_key(state.redis, tenant, slo_class, min_priority)
     state.api_keys.clear()  # here at once; other gateways at their next refresh
     return {
@@ -115,6 +163,9 @@ async def post_api_key(request: Request, body: Annotated[dict[str, Any], Body()]
 @router.delete("/api-keys/{key_id}")
 async def remove_api_key(key_id: str, request: Request) -> dict[str, Any]:
     state = _state(request)
+    if not is_key_id(key_id):
+        message = "key_id must be a whole key id: the 16 hex digits given at its creation"
+        raise APIError(422, message, param="key_id", code="invalid_key_id")
     if not await delete_api_key(state.redis, key_id):
         raise APIError(404, "no such API key", code="not_found")
     state.api_keys.clear()  # here at once; other gateways at their next refresh

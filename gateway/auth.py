@@ -23,6 +23,7 @@ from shared.streams import API_KEYS_KEY
 KEY_PREFIX = "sk-si-"
 MAX_KEY_CHARS = 256  # ours are 49; a longer token is never looked up
 API_KEYS_VERSION_KEY = f"{API_KEYS_KEY}:version"  # bumped by every create and delete
+KEY_ID_CHARS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +70,22 @@ async def create_api_key(
         pipe.hset(API_KEYS_KEY, digest, msgpack.packb(record))
         pipe.incr(API_KEYS_VERSION_KEY)
         await pipe.execute()
-    return key, ApiKey(digest[:16], tenant, slo_class, min_priority)
+    return key, ApiKey(digest[:KEY_ID_CHARS], tenant, slo_class, min_priority)
+
+
+def is_key_id(text: str) -> bool:
+    """Whether ``text`` is a whole key id: exactly the 16 lowercase hex digits we hand out."""
+    return len(text) == KEY_ID_CHARS and all(c in "0123456789abcdef" for c in text)
 
 
 async def delete_api_key(redis: Redis, key_id: str) -> bool:
+    """Delete the key whose id is ``key_id``, a whole id (a shorter prefix matches nothing);
+    False when there is none."""
+    if not is_key_id(key_id):
+        return False
     for digest in await redis.hkeys(API_KEYS_KEY):
         text = digest.decode() if isinstance(digest, bytes) else digest
-        if text.startswith(key_id) and len(key_id) >= 8:
+        if text[:KEY_ID_CHARS] == key_id:
             async with redis.pipeline(transaction=True) as pipe:
                 pipe.hdel(API_KEYS_KEY, text)
                 pipe.incr(API_KEYS_VERSION_KEY)
@@ -84,12 +94,24 @@ async def delete_api_key(redis: Redis, key_id: str) -> bool:
     return False
 
 
+async def keys_by_class(redis: Redis) -> dict[str | None, list[str]]:
+    """The ids of every stored key by the SLO class it names (None: no class, the default)."""
+    found: dict[str | None, list[str]] = {}
+    for digest, raw in (await redis.hgetall(API_KEYS_KEY)).items():
+        text = digest.decode() if isinstance(digest, bytes) else digest
+        info = _parse(text, raw)
+        if info is not None:
+            found.setdefault(info.slo_class, []).append(info.key_id)
+    return found
+
+
 def _parse(digest: str, raw: bytes | str | None) -> ApiKey | None:
     if raw is None:
         return None
     try:
         data = msgpack.unpackb(raw)
-        return ApiKey(digest[:16], str(data["tenant"]), data.get("slo"), int(data.get("prio", 0)))
+        slo, prio = data.get("slo"), int(data.get("prio", 0))
+        return ApiKey(digest[:KEY_ID_CHARS], str(data["tenant"]), slo, prio)
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 

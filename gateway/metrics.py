@@ -83,6 +83,10 @@ class GatewayMetrics:
             "superinfer:slo_tbt_attained_gaps", "Inter-token gaps <= the class's TBT SLO",
             ["slo_class"], registry=reg,
         )  # fmt: skip
+        self.auth_failures = Counter(
+            "superinfer:auth_failures", "Failed authentications, by kind (admin, api_key)",
+            ["kind"], registry=reg,
+        )  # fmt: skip
         self.registry.register(_WorkerCollector(directory, model_name))
         self.vllm: VllmRequestMetrics | None = None
         if vllm:

@@ -44,6 +44,12 @@ class GatewaySettings(BaseSettings):
     vllm_metrics: bool = True
     api_key_miss_ttl_s: float = Field(default=10.0, ge=0.0)  # an unknown key is remembered
     max_cached_api_key_misses: int = Field(default=65_536, ge=0)
+    # Failed authentications (wrong admin token, missing or unknown required API key), per
+    # source address: this many per window are answered at once, later ones wait (doubling from
+    # 0.05 s, at most auth_failure_max_delay_s) before their 401 (gateway/auth_failures.py).
+    auth_failures_free: int = Field(default=10, ge=0)
+    auth_failure_window_s: float = Field(default=60.0, gt=0.0)
+    auth_failure_max_delay_s: float = Field(default=2.0, ge=0.0, le=60.0)
     default_slo_class: str = "standard"
     # Admission, per worker (counted by this gateway): requests and prompt tokens waiting for
     # their first token. Beyond them: 429 with Retry-After.

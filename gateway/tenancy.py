@@ -23,6 +23,7 @@ from fastapi import Request
 from redis.exceptions import RedisError
 
 from gateway.auth import ApiKey, bearer
+from gateway.auth_failures import auth_failures
 from gateway.errors import APIError
 from gateway.openai_models import SamplingFields
 from gateway.state import GatewayState
@@ -43,14 +44,16 @@ class Caller:
 
 
 async def authenticate(state: GatewayState, request: Request) -> Caller:
-    """The request's API key; 401 when a key is required and this one is missing or unknown."""
+    """The request's API key; 401 when a key is required and this one is missing or unknown
+    (counted, logged and slowed per source: gateway/auth_failures.py)."""
     token = bearer(request)
     try:
         key = await state.api_keys.lookup(token) if token else None
     except RedisError as exc:
         raise APIError(503, f"could not check the API key: {exc}", code="bus") from exc
     if key is None and state.settings.require_api_key:
-        raise APIError(401, "a valid API key is required", code="invalid_api_key")
+        error = APIError(401, "a valid API key is required", code="invalid_api_key")
+        raise await auth_failures(request).failed(request, "api_key", error)
     return Caller(key)
 
 

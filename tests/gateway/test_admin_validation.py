@@ -1,0 +1,197 @@
+"""The admin API against wrong-typed and absurd bodies, on the gateway app in process over the
+test Redis: each is a 422 (a body that is not JSON at all a 400) and changes nothing, never a
+500; absurd knobs are 422; removing an SLO class that keys use is a 409 naming them unless
+forced (then the reply says where they are served); a key is deleted by its whole id only."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
+from gateway.tenancy import Caller, served_class
+from tests.redis_support import redis_url
+
+ADMIN = "test-admin-token"
+GOLD = {"ttft_s": 0.5, "tbt_s": 0.04}
+DEFAULTS = {
+    "interactive": {"ttft_s": 1.0, "tbt_s": 0.05},
+    "standard": {"ttft_s": 5.0, "tbt_s": 0.1},
+    "batch": {"ttft_s": 60.0, "tbt_s": 1.0},
+}
+
+
+def admin_client(**settings: Any) -> tuple[Any, httpx.AsyncClient]:
+    """The gateway app (no lifespan: the admin routes need only Redis) and an admin client."""
+    app = create_app(
+        GatewaySettings(model="tiny-random", redis_url=redis_url(), admin_token=ADMIN, **settings)
+    )
+    client = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://gw",
+        headers={"Authorization": f"Bearer {ADMIN}", "content-type": "application/json"},
+        timeout=30,
+    )
+    return app, client
+
+
+@pytest.fixture
+async def admin(redis_client: Redis) -> AsyncIterator[httpx.AsyncClient]:
+    app, client = admin_client()
+    async with client:
+        yield client
+    await app.state.gateway.redis.aclose()
+
+
+# The issue's and the fuzz's values, as JSON text (NaN, 1e999 and a lone surrogate are not
+# expressible through json=).
+HOSTILE = [
+    "[]",
+    '["batch"]',
+    '{"x": 1}',
+    "true",
+    "1e23",
+    "1e300",
+    "1e308",
+    "1e999",
+    "-1e999",
+    "NaN",
+    "Infinity",
+    "9" * 5000,
+    '"a\\ud800b"',
+    '"\\udfff"',
+    '"' + "x" * 100_000 + '"',
+    "[" * 10_000 + "]" * 10_000,
+    '{"a":' * 10_000 + "1" + "}" * 10_000,
+]
+BODIES: dict[tuple[str, str], dict[str, str]] = {  # a valid body of each, as JSON texts
+    ("PUT", "/admin/v1/knobs"): {"alpha": "2.0", "b_xfer": "64", "policy": '"lvf"'},
+    ("PUT", "/admin/v1/slo-classes"): {"gold": '{"ttft_s": 0.5, "tbt_s": 0.04}'},
+    ("POST", "/admin/v1/api-keys"): {"tenant": '"acme"', "slo_class": '"batch"'},
+}
+NESTED_FIELDS = {("PUT", "/admin/v1/slo-classes"): ("ttft_s", "tbt_s")}
+
+
+def _object(fields: dict[str, str]) -> str:
+    return "{" + ", ".join(f'"{name}": {value}' for name, value in fields.items()) + "}"
+
+
+def hostile_cases() -> list[tuple[str, str, str]]:
+    """(method, path, body): each hostile value as the whole body and as each field's value
+    (in an otherwise valid body), and each field of an SLO class."""
+    cases = [(method, path, "null") for method, path in BODIES]  # null is a valid field value
+    for (method, path), fields in BODIES.items():
+        for value in HOSTILE:
+            cases.append((method, path, value))
+            for name in fields:
+                cases.append((method, path, _object({**fields, name: value})))
+        for name, value in itertools.product(NESTED_FIELDS.get((method, path), ()), HOSTILE):
+            cls = {"ttft_s": "0.5", "tbt_s": "0.04", name: value}
+            cases.append((method, path, _object({"gold": _object(cls)})))
+    return cases
+
+
+async def _state_of(admin: httpx.AsyncClient) -> tuple[Any, ...]:
+    knobs = (await admin.get("/admin/v1/knobs")).json()
+    classes = (await admin.get("/admin/v1/slo-classes")).json()
+    return knobs, classes
+
+
+async def test_every_hostile_body_is_4xx_and_changes_nothing(
+    admin: httpx.AsyncClient, redis_client: Redis
+) -> None:
+    before = await _state_of(admin)
+    cases = hostile_cases()
+    statuses = []
+    for method, path, body in cases:
+        response = await admin.request(method, path, content=body.encode("utf-8", "surrogatepass"))
+        assert 400 <= response.status_code < 500, (method, path, body[:80], response.text[:300])
+        error = response.json()["error"]
+        assert error["message"] and "Traceback" not in error["message"]
+        statuses.append(response.status_code)
+    assert await _state_of(admin) == before
+    assert await redis_client.hlen("superinfer:api_keys") == 0
+    print(f"{len(cases)} hostile admin bodies: {sorted(set(statuses))}, no 5xx")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/admin/v1/api-keys", {"tenant": "acme", "slo_class": ["batch"]}),
+        ("/admin/v1/api-keys", {"tenant": "acme", "slo_class": {"name": "batch"}}),
+        ("/admin/v1/api-keys", {"tenant": ["acme"]}),
+        ("/admin/v1/api-keys", {"tenant": "acme", "min_priority": True}),
+        ("/admin/v1/api-keys", {"tenant": "acme", "min_priority": 1.5}),
+        ("/admin/v1/api-keys", ["acme"]),
+        ("/admin/v1/knobs", ["alpha", 2]),
+        ("/admin/v1/knobs", {"alpha": True}),
+        ("/admin/v1/knobs", {"b_xfer": 1e23}),
+        ("/admin/v1/knobs", {"alpha": 1e300}),
+        ("/admin/v1/knobs", {"min_residency_s": 1e308}),
+        ("/admin/v1/knobs", {"b_xfer": 2.5}),
+        ("/admin/v1/slo-classes", {"gold": [0.5, 0.04]}),
+        ("/admin/v1/slo-classes", {"gold": {"ttft_s": True, "tbt_s": 0.04}}),
+        ("/admin/v1/slo-classes", {"gold": {"ttft_s": 1e308, "tbt_s": 0.04}}),
+        ("/admin/v1/slo-classes", "gold"),
+    ],
+)
+async def test_wrong_types_and_absurd_values_are_422(
+    admin: httpx.AsyncClient, path: str, body: Any
+) -> None:
+    method = "POST" if path.endswith("api-keys") else "PUT"
+    response = await admin.request(method, path, json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_a_lone_surrogate_tenant_is_422(admin: httpx.AsyncClient) -> None:
+    body = b'{"tenant": "acme\\ud800"}'
+    response = await admin.post("/admin/v1/api-keys", content=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["param"] == "tenant"
+
+
+async def test_removing_a_class_that_keys_use_is_409_unless_forced(
+    admin: httpx.AsyncClient,
+) -> None:
+    assert (await admin.put("/admin/v1/slo-classes", json={**DEFAULTS, "gold": GOLD})).is_success
+    app_state = admin._transport.app.state.gateway  # type: ignore[attr-defined]
+    created = await admin.post("/admin/v1/api-keys", json={"tenant": "t", "slo_class": "gold"})
+    key_id = created.json()["key_id"]
+    refused = await admin.put("/admin/v1/slo-classes", json=DEFAULTS)
+    assert refused.status_code == 409, refused.text
+    assert key_id in refused.json()["error"]["message"]
+    assert "gold" in (await admin.get("/admin/v1/slo-classes")).json()["classes"]
+    forced = await admin.put("/admin/v1/slo-classes", params={"force": "true"}, json=DEFAULTS)
+    assert forced.status_code == 200, forced.text
+    assert forced.json()["forced"] == {"keys": {"gold": [key_id]}, "served_in": "standard"}
+    key = await app_state.api_keys.lookup(created.json()["api_key"])
+    assert served_class(app_state, Caller(key), None).name == "standard"
+
+
+async def test_removing_the_default_class_that_classless_keys_use_is_409(
+    admin: httpx.AsyncClient,
+) -> None:
+    created = await admin.post("/admin/v1/api-keys", json={"tenant": "t"})
+    without_default = {"gold": GOLD, "batch": DEFAULTS["batch"]}
+    refused = await admin.put("/admin/v1/slo-classes", json=without_default)
+    assert refused.status_code == 409, refused.text
+    assert created.json()["key_id"] in refused.json()["error"]["message"]
+
+
+async def test_a_key_is_deleted_by_its_whole_id_only(admin: httpx.AsyncClient) -> None:
+    created = (await admin.post("/admin/v1/api-keys", json={"tenant": "t"})).json()
+    key_id = created["key_id"]
+    for partial in (key_id[:8], key_id[:15], key_id.upper(), key_id + "0", "0" * 16):
+        response = await admin.delete(f"/admin/v1/api-keys/{partial}")
+        assert response.status_code in (404, 422), (partial, response.text)
+    app_state = admin._transport.app.state.gateway  # type: ignore[attr-defined]
+    assert await app_state.api_keys.lookup(created["api_key"]) is not None  # still there
+    assert (await admin.delete(f"/admin/v1/api-keys/{key_id}")).status_code == 200
+    assert (await admin.delete(f"/admin/v1/api-keys/{key_id}")).status_code == 404
