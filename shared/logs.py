@@ -1,8 +1,10 @@
-"""structlog set-up for the services: JSON lines with a timestamp and level."""
+"""structlog set-up for the services and the CLI: JSON lines with a timestamp and level, on
+stderr (stdout is the commands' own output: `superinfer generate --json`, serve's banner)."""
 
 from __future__ import annotations
 
 import logging
+import sys
 
 import structlog
 
@@ -19,4 +21,5 @@ def configure_logging(json: bool = True, level: int = logging.INFO) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )

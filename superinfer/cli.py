@@ -39,9 +39,11 @@ def _generate(args: argparse.Namespace) -> int:
     from data_plane.engine.llm import build_engine, generate
     from data_plane.engine.sampling import SamplingParams
     from data_plane.models import ModelConfigError, load_model
+    from shared.logs import configure_logging
     from shared.model_source import default_model, resolve_model
     from shared.policy import Knobs
 
+    configure_logging(json=args.json)  # on stderr: stdout holds the results alone
     try:
         path = resolve_model(args.model or default_model(), args.revision)
         loaded = load_model(path, args.tokenizer, args.dtype, args.device, args.seed or 0)
