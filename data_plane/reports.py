@@ -10,6 +10,7 @@ import numpy as np
 
 from data_plane.engine.engine import Engine, StepResult
 from data_plane.kv.tiered import KVCacheManager
+from data_plane.speed import SpeedMeter
 from shared.policy import RequestColumns, columns_from_views
 from shared.policy.columns import WAITING_CODE, pick_ids
 from shared.protocol import StateSnapshot, WorkerStatus
@@ -85,8 +86,11 @@ def worker_status(
     policy: str,
     accepting: bool,
     lvf_min_residency_s: float | None = None,
+    speed: SpeedMeter | None = None,
 ) -> WorkerStatus:
-    """The worker's health and load: queues, KV usage per tier, plan source, counters."""
+    """The worker's health and load: queues, KV usage per tier, plan source, counters, and
+    its measured speed (none measured: without ``speed``)."""
+    speed = SpeedMeter() if speed is None else speed
     kv = engine.kv
     stats = kv.stats()
     block_bytes = identity.block_bytes
@@ -120,4 +124,6 @@ def worker_status(
         num_prefix_dram_hit_tokens=stats.prefix.num_dram_hit_tokens,
         num_cached_hbm_blocks=stats.num_cached_hbm_blocks,
         num_cached_dram_blocks=stats.num_cached_dram_blocks,
+        prefill_tokens_per_s=speed.prefill_tokens_per_s,
+        decode_step_s=speed.decode_step_s,
     )

@@ -31,6 +31,7 @@ from data_plane.planner import HybridPlanner
 from data_plane.replies import Replies
 from data_plane.reports import WorkerIdentity, state_snapshot, worker_status
 from data_plane.settings import WorkerSettings
+from data_plane.speed import SpeedMeter
 from shared import streams
 from shared.b_xfer import resolve_b_xfer_blocks
 from shared.bus import queue_snapshot, should_announce
@@ -88,6 +89,7 @@ class Worker:
         self._last_heartbeat_s = 0.0
         self._busy_time_s = 0.0  # iteration time summed since the last heartbeat
         self._busy_iterations = 0
+        self.speed = SpeedMeter()  # measured prefill rate and decode step time, for gateways
         # Set on SIGTERM: new requests stay pending in the stream (the next incarnation reads
         # them) and gateways stop routing here; aborts are still honoured.
         self.draining = False
@@ -152,6 +154,7 @@ class Worker:
         self._iteration_time_s = iteration_time_s
         self._busy_time_s += iteration_time_s
         self._busy_iterations += 1
+        self.speed.observe(self.engine.stats.last_plan, iteration_time_s)
         await self._publish(result, iteration_time_s)
 
     def _set_b_xfer(self) -> None:
@@ -322,6 +325,7 @@ class Worker:
             plan_source=self.planner.source,
             policy=self.planner.knobs.policy,
             accepting=not self.draining,
+            speed=self.speed,
             lvf_min_residency_s=self.planner.min_residency_s,
         )
 

@@ -73,9 +73,15 @@ class Generation:
     """A submitted request; iterate :meth:`deltas` once. Its usage counts are final after."""
 
     def __init__(
-        self, service: GenerationService, record: InFlight, params: GenerationParams
+        self,
+        service: GenerationService,
+        record: InFlight,
+        params: GenerationParams,
+        num_tokens_ahead: int = 0,
     ) -> None:
-        """``record``: the request in flight (route, placement, outputs; the service's)."""
+        """``record``: the request in flight (route, placement, outputs; the service's);
+        ``num_tokens_ahead``: prompt tokens its worker prefills before its first token, its
+        own included (the first-token deadline allows their predicted time)."""
         self.service = service
         self.record = record
         self.params = params
@@ -92,7 +98,9 @@ class Generation:
             min_tokens=sampling.min_tokens,
             include_stop_str=sampling.include_stop_str_in_output,
         )
-        self._wait_deadline: float | None = None  # loop time the current wait times out at
+        self._wait_deadline: float | None = None  # monotonic time the current wait times out at
+        self._t_admitted = time.monotonic()
+        self._num_tokens_ahead = num_tokens_ahead
 
     async def deltas(self, keepalive_s: float | None = None) -> AsyncIterator[Delta]:
         """Text deltas until the finish reason; raises APIError on a worker error or timeout.
@@ -126,21 +134,43 @@ class Generation:
         return msg
 
     async def _wait_output(self, keepalive_s: float | None) -> TokenOutput | None:
-        """The next output, or None when ``keepalive_s`` passed first (one timer either way)."""
-        timeout_s = self.service.settings.token_timeout_s
-        now = asyncio.get_running_loop().time()
-        if self._wait_deadline is None:
-            self._wait_deadline = now + timeout_s
-        left_s = self._wait_deadline - now
-        keepalive = keepalive_s is not None and 0 < keepalive_s < left_s
-        try:
-            async with asyncio.timeout(keepalive_s if keepalive else left_s):
-                return await self.record.outputs.get()
-        except TimeoutError:
-            if keepalive:
-                return None
-            message = f"no output from the worker in {timeout_s:g} s"
-            raise APIError(504, message, code="worker_timeout") from None
+        """The next output, or None when ``keepalive_s`` passed first (one timer either way);
+        504 once :meth:`_deadline` passed."""
+        while True:
+            now = time.monotonic()
+            deadline, message = self._deadline(now)
+            left_s = deadline - now
+            if left_s <= 0:
+                raise APIError(504, message, code="worker_timeout")
+            keepalive = keepalive_s is not None and 0 < keepalive_s < left_s
+            try:
+                async with asyncio.timeout(keepalive_s if keepalive else left_s):
+                    return await self.record.outputs.get()
+            except TimeoutError:
+                if keepalive:
+                    return None
+            # The deadline passed, or moved (a first token's, from a newly measured rate).
+
+    def _deadline(self, now: float) -> tuple[float, str]:
+        """When the wait times out, and the error's message then. The first token:
+        the floor plus the slack x the predicted prefill of the tokens ahead, from admission,
+        at the worker's latest measured rate; later outputs: token_timeout_s after the last."""
+        settings = self.service.settings
+        if self._timeline.t_first_s is not None:
+            if self._wait_deadline is None:
+                self._wait_deadline = now + settings.token_timeout_s
+            return (
+                self._wait_deadline,
+                f"no output from the worker in {settings.token_timeout_s:g} s",
+            )
+        floor_s = settings.first_token_timeout_s
+        allowed_s = settings.token_timeout_s if floor_s is None else floor_s
+        if self._num_tokens_ahead > 0:
+            worker_id = self.record.route.worker_id
+            prefill_s = self.service.directory.prefill_s(worker_id, self._num_tokens_ahead)
+            allowed_s += settings.first_token_slack * prefill_s
+        message = f"no first token from the worker within {allowed_s:.3g} s of admission"
+        return self._t_admitted + allowed_s, message
 
     def _apply(self, msg: TokenOutput) -> Delta:
         now = time.time()
@@ -194,13 +224,14 @@ class GenerationService:
         """Route and submit; 503/429 when no worker can take it."""
         num_prompt_tokens = len(params.prompt_token_ids)
         status = self.directory.choose(num_prompt_tokens)
+        ahead = self.directory.queued_prefill_tokens(status) + num_prompt_tokens
         placement = Placement(  # before any await; 429 when over the key's limits
             self.directory, self.key_limiter, status.worker_id, num_prompt_tokens, params.key_id
         )
         route = Route(status.worker_id, status.epoch, request_id)
         max_buffered = self.settings.max_buffered_outputs
         record = InFlight(request_id, route, placement, max_buffered, status.t_heartbeat_s)
-        generation = Generation(self, record, params)
+        generation = Generation(self, record, params, ahead)
         submit = SubmitRequest(
             request_id=request_id,
             prompt_token_ids=params.prompt_token_ids,

@@ -55,7 +55,12 @@ class GatewaySettings(BaseSettings):
     # their first token. Beyond them: 429 with Retry-After.
     max_queued_requests: int = 256
     max_queued_prompt_tokens: int = 262_144
-    retry_after_s: int = 1
+    # ... and seconds of predicted prefill (those prompt tokens, or the worker's own count of
+    # waiting tokens when larger, over its measured prefill rate). A request predicted to take
+    # more on its own is admitted only onto a worker with nothing queued. Not applied while a
+    # worker has no measured rate (its first steps). docs/tuning.md "Deadlines and admission".
+    max_queued_work_s: float = Field(default=30.0, gt=0.0)
+    retry_after_s: int = 1  # at least; a queue over its work bound says when it will be under
     # Limits on one request.
     max_body_bytes: int = 1_048_576
     # Characters of prompt text (a completion's prompt, a chat's rendered template) that are
@@ -70,7 +75,14 @@ class GatewaySettings(BaseSettings):
     max_requests_per_s_per_key: float = 100.0  # per API key, per gateway (bursts of as many)
     max_buffered_outputs: int = 4096  # per request; a client that falls further behind fails
     # Timeouts and liveness.
-    token_timeout_s: float = 60.0  # longest wait for the next output of an admitted request
+    # An admitted request's first token is due within first_token_timeout_s (None:
+    # token_timeout_s) plus first_token_slack x the predicted prefill of the prompt tokens
+    # queued ahead of it on its worker and its own, counted from admission (the prediction
+    # uses the worker's latest measured rate); after it, each output within token_timeout_s
+    # of the previous one. Past either: 504 worker_timeout.
+    first_token_timeout_s: float | None = Field(default=None, gt=0.0)
+    first_token_slack: float = Field(default=2.0, ge=1.0)
+    token_timeout_s: float = Field(default=60.0, gt=0.0)
     # A stream that waits this long for its next output (queued for its first token, or a
     # gap) gets an SSE comment, so that proxies with idle timeouts keep it; 0: never.
     sse_keepalive_s: float = Field(default=10.0, ge=0.0)

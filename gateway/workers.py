@@ -1,9 +1,11 @@
 """The workers a gateway can route to: their heartbeat statuses (refreshed from Redis), the
-requests this gateway queued on each, admission against per-worker bounds, and routing to the
+requests this gateway queued on each, admission against per-worker bounds (requests, prompt
+tokens, predicted seconds of prefill at each worker's measured rate), and routing to the
 worker with the least predicted lag."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -94,28 +96,60 @@ class WorkerDirectory:
         )
 
     def choose(self, num_prompt_tokens: int) -> WorkerStatus:
-        """The least-lagging worker with room in its queue; 503 without workers, 429 (with
-        Retry-After) when every queue is full."""
+        """The least-lagging worker with room in its queue; 503 without workers, 429 when every
+        queue is full (both with Retry-After: when over the work bound, the predicted seconds
+        until the soonest queue has room)."""
         candidates = self.routable()
+        retry_after_s = self.settings.retry_after_s
         if not candidates:
-            raise APIError(503, "no data-plane worker is available", code="no_worker")
-        open_workers = [s for s in candidates if self._has_room(s.worker_id, num_prompt_tokens)]
+            raise APIError(
+                503,
+                "no data-plane worker is available",
+                code="no_worker",
+                headers={"Retry-After": str(retry_after_s)},
+            )
+        waits = {s.worker_id: self._wait_for_room_s(s, num_prompt_tokens) for s in candidates}
+        open_workers = [s for s in candidates if waits[s.worker_id] == 0.0]
         if not open_workers:
+            retry_after_s = max(retry_after_s, math.ceil(min(waits.values())))
             raise APIError(
                 429,
                 "the server is at capacity; retry later",
                 code="queue_full",
-                headers={"Retry-After": str(self.settings.retry_after_s)},
+                headers={"Retry-After": str(retry_after_s)},
             )
         return min(open_workers, key=self.predicted_lag_s)
 
-    def _has_room(self, worker_id: str, num_prompt_tokens: int) -> bool:
-        share = self.queued.get(worker_id, QueueShare())
+    def _wait_for_room_s(self, status: WorkerStatus, num_prompt_tokens: int) -> float:
+        """0 when ``status``'s worker has room for the request; else about how long until it
+        has (``retry_after_s`` when a count is full)."""
+        share = self.queued.get(status.worker_id, QueueShare())
         limits = self.settings
-        return (
-            share.num_requests < limits.max_queued_requests
-            and share.num_prompt_tokens + num_prompt_tokens <= limits.max_queued_prompt_tokens
-        )
+        if (
+            share.num_requests >= limits.max_queued_requests
+            or share.num_prompt_tokens + num_prompt_tokens > limits.max_queued_prompt_tokens
+        ):
+            return float(limits.retry_after_s)
+        queued = self.queued_prefill_tokens(status)
+        if queued == 0:  # an idle queue takes even a request bigger than the bound
+            return 0.0
+        work_s = self.prefill_s(status.worker_id, queued + num_prompt_tokens)
+        return max(0.0, work_s - limits.max_queued_work_s)
+
+    def queued_prefill_tokens(self, status: WorkerStatus) -> int:
+        """Prompt tokens to prefill on the worker before a new request's: this gateway's queued
+        ones, or the worker's count of its waiting tokens (every gateway's) when larger."""
+        share = self.queued.get(status.worker_id, QueueShare())
+        return max(share.num_prompt_tokens, status.num_waiting_tokens)
+
+    def prefill_s(self, worker_id: str, num_tokens: int) -> float:
+        """Predicted seconds to prefill ``num_tokens`` on the worker at its latest measured
+        rate; 0 while it has none (not measured yet, or not known)."""
+        status = self.statuses.get(worker_id)
+        rate = 0.0 if status is None else status.prefill_tokens_per_s
+        if not (math.isfinite(rate) and rate > 0.0):
+            return 0.0
+        return num_tokens / rate
 
     def enqueue(self, worker_id: str, num_prompt_tokens: int) -> None:
         share = self.queued.setdefault(worker_id, QueueShare())

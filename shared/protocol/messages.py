@@ -369,3 +369,7 @@ class WorkerStatus:
     num_prefix_dram_hit_tokens: int = 0
     num_cached_hbm_blocks: int = 0
     num_cached_dram_blocks: int = 0
+    # Measured speed (data_plane/speed.py), for admission and first-token deadlines: prompt
+    # tokens per second of prefill steps, and a decode-only step's time; 0: not measured yet.
+    prefill_tokens_per_s: float = 0.0
+    decode_step_s: float = 0.0

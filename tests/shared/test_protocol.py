@@ -23,6 +23,7 @@ from shared.protocol import (
     SubmitRequest,
     TokenOutput,
     TokenOutputs,
+    WorkerStatus,
     decode,
     encode,
 )
@@ -35,6 +36,11 @@ ROWS = [
     RequestRow("waiting", 1.5, None, None, 7, 0, 0, 0, 0, -2, 3.0, None, True, 5),
     RequestRow("rotary", 0.5, 1.0, 2.5, 40, 39, 0, 3, 3, 1, None, None, False, 2**40),
 ]
+
+STATUS = WorkerStatus(
+    "w0", "e1", 5.0, "m", 4096, 3, 2, 0, 900, 100, 40, 0, 0, 2048, 0.05, "local", "vllm",
+    0, 0, 0, 0, 0, True, prefill_tokens_per_s=712.5, decode_step_s=0.012,
+)  # fmt: skip
 
 SAMPLES = [
     SubmitRequest(
@@ -71,6 +77,7 @@ SAMPLES = [
     ),
     TokenOutput("r1", 3, [5, 6], "stop", None, 4),
     TokenOutput("r2", 0, [], "error", "prompt too long", error_kind="rejected"),
+    STATUS,
     TokenOutputs([TokenOutput("r1", 3, [5, 6], None), TokenOutput("r3", 0, [7], "length")]),
 ]
 
