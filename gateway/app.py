@@ -69,8 +69,13 @@ def _add_service_routes(app: FastAPI, state: GatewayState) -> None:
     admin_token = settings.admin_token if not settings.admin_disabled else None
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> dict[str, Any]:
+        """200 while the process serves HTTP (liveness: a restart cannot bring Redis back);
+        the body tells when the request bus is lost (``/ready`` is 503 then)."""
+        lost_for_s = state.dispatcher.bus_lost_for_s
+        if lost_for_s is None:
+            return {"status": "ok"}
+        return {"status": "bus_lost", "bus_lost_for_s": round(lost_for_s, 1)}
 
     @app.get("/ready", response_model=None)
     async def ready() -> JSONResponse:

