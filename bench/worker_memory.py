@@ -45,7 +45,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from data_plane.engine.batch import BatchItem, Executor  # noqa: E402
+from data_plane.engine.batch import BatchItem, Executor, Sampled  # noqa: E402
 from data_plane.engine.config import EngineConfig  # noqa: E402
 from data_plane.engine.engine import Engine  # noqa: E402
 from data_plane.engine.llm import Serving, build_engine  # noqa: E402
@@ -104,12 +104,14 @@ class NullExecutor(Executor):
     """No model: token 3 for every request whose chunk reaches its last token (``--executor
     null``: the engine, KV tiers and copies as they are, at about a third of the cost)."""
 
-    def execute(self, items: list[BatchItem]) -> dict[str, int]:
-        return {
-            item.request.request_id: 3
-            for item in items
-            if item.request.num_computed_tokens + item.num_tokens >= item.request.num_tokens
-        }
+    def execute(self, items: list[BatchItem]) -> Sampled:
+        return Sampled(
+            {
+                item.request.request_id: 3
+                for item in items
+                if item.request.num_computed_tokens + item.num_tokens >= item.request.num_tokens
+            }
+        )
 
 
 class _NullPipe:
@@ -135,6 +137,7 @@ class Loop:
     live: set[str] = field(default_factory=set)
     num_added: int = 0
     num_iterations: int = 0
+    warmup_iterations: int = 0  # before the first sample (measure's warm-up)
 
     def add(self) -> None:
         rng = self.rng
@@ -186,9 +189,7 @@ class Loop:
             self.iterate(feed=False)
         else:
             raise RuntimeError(f"the engine did not drain: {self.engine.stats}")
-        drain_kv = getattr(self.engine.kv, "drain", None)
-        if drain_kv is not None:
-            drain_kv()
+        self.engine.kv.drain()
         self.replies.queue_lifecycle(_NullPipe())
         if self.live or len(self.replies):
             raise RuntimeError(f"drained with {len(self.live)} live requests left")
@@ -222,12 +223,33 @@ def take_sample(iteration: int) -> Sample:
     return Sample(iteration, traced, len(gc.get_objects()), pages * os.sysconf("SC_PAGE_SIZE"))
 
 
+PLATEAU_STEP = 500  # iterations between checks of the prefix indexes' size in warm-up
+PLATEAU_CHECKS = 4  # checks without a new largest size: the indexes are as full as they get
+
+
+def num_cached_blocks(loop: Loop) -> int:
+    stats = loop.engine.kv.stats()
+    return stats.num_cached_hbm_blocks + stats.num_cached_dram_blocks
+
+
 def measure(loop: Loop, iterations: int, warmup: int, num_samples: int) -> list[Sample]:
-    """Warm up, then sample (drained) every ``iterations / num_samples`` iterations; the
-    drains' iterations count."""
+    """Warm up: ``warmup`` iterations, then on until the prefix indexes stop growing (their
+    largest size not passed in PLATEAU_CHECKS checks, at most 4x ``warmup`` in all: each
+    cached block holds ~200 B, and on a slow host the DRAM index filled later, seen in CI as
+    37 KiB of growth after 7,000); then sample (drained) every ``iterations / num_samples``
+    iterations; the drains' iterations count."""
     while loop.num_iterations < warmup:
         loop.iterate(feed=True)
     loop.drain()
+    largest, num_flat = num_cached_blocks(loop), 0
+    while num_flat < PLATEAU_CHECKS and loop.num_iterations < 4 * warmup:
+        target = loop.num_iterations + PLATEAU_STEP
+        while loop.num_iterations < target:
+            loop.iterate(feed=True)
+        loop.drain()
+        size = num_cached_blocks(loop)
+        largest, num_flat = (size, 0) if size > largest else (largest, num_flat + 1)
+    loop.warmup_iterations = loop.num_iterations
     start = loop.num_iterations
     samples = [take_sample(0)]
     interval = max(1, iterations // max(1, num_samples))
@@ -257,12 +279,13 @@ def report(samples: list[Sample], loop: Loop, seconds: float, load: tuple[float,
             f"{s.iteration:>10} {s.traced_bytes / KIB:>11.1f} {s.num_objects:>9} "
             f"{s.rss_bytes / KIB / KIB:>8.1f}"
         )
-    stats = loop.engine.stats
-    tiered = getattr(loop.engine.kv, "tiered_stats", None)
+    stats, kv = loop.engine.stats, loop.engine.kv.stats()
     print(
         f"requests added {loop.num_added}, rotations out {stats.num_rotations_out}, "
-        f"preemptions {stats.num_preemptions}, DRAM blocks synced/loaded "
-        f"{getattr(tiered, 'blocks_synced', 0)}/{getattr(tiered, 'blocks_loaded', 0)}"
+        f"preemptions {stats.num_preemptions}, DRAM blocks stored/loaded "
+        f"{kv.num_blocks_stored}/{kv.num_blocks_loaded}; warm-up {loop.warmup_iterations} "
+        f"iterations, prefix indexes at the end: HBM {kv.num_cached_hbm_blocks}/"
+        f"{kv.num_hbm_blocks}, DRAM {kv.num_cached_dram_blocks}/{kv.num_dram_blocks}"
     )
     print(
         f"growth per 10k iterations: traced {per_10k(samples, 'traced_bytes') / KIB:.2f} KiB, "

@@ -83,6 +83,8 @@ class Replies:
                 num_preemptions=out.num_preemptions,
                 num_rotations=out.num_rotations,
                 error_kind=None if error is None else "engine",  # only a failed step errs
+                logprobs=out.logprobs,
+                prompt_logprobs=out.prompt_logprobs,
             )
             batches.setdefault(stream, []).append(msg)
             if out.finished:

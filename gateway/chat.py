@@ -41,6 +41,7 @@ class ChatRenderer:
         it is neither, or when the template does not compile."""
         self.bundle = bundle
         source = load_chat_template(override) if override is not None else bundle.chat_template
+        self.source = source  # the template served (None: the plain default)
         self._template: jinja2.Template | None = None
         if source:
             try:

@@ -4,6 +4,7 @@ messages into text deltas, with stop strings, timeouts, abort on disconnect and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -21,6 +22,7 @@ from gateway.placement import Placement
 from gateway.settings import GatewaySettings
 from gateway.workers import WorkerDirectory
 from shared.detokenizer import IncrementalDetokenizer
+from shared.logprobs import TokenLogprobs
 from shared.protocol import SubmitRequest, TokenOutput
 from shared.sampling import SamplingParams
 from shared.slo import SloClass
@@ -44,6 +46,8 @@ class Delta:
     text: str
     num_tokens: int  # tokens this delta covers
     finish_reason: str | None = None
+    token_ids: tuple[int, ...] = ()
+    logprobs: TokenLogprobs | None = None  # of token_ids, when the request asked
 
 
 KEEPALIVE = Delta("", 0)  # what :meth:`Generation.deltas` yields while it waits, to keep alive
@@ -98,9 +102,21 @@ class Generation:
             min_tokens=sampling.min_tokens,
             include_stop_str=sampling.include_stop_str_in_output,
         )
+        # the prompt tokens' log-probabilities (from the second on), when asked: they come
+        # with the first token
+        self.prompt_logprobs: TokenLogprobs | None = None
         self._wait_deadline: float | None = None  # monotonic time the current wait times out at
         self._t_admitted = time.monotonic()
         self._num_tokens_ahead = num_tokens_ahead
+        self._first_token_allowed_s = 0.0  # the largest allowance so far: it never shrinks
+
+    async def wait_first_output(self) -> None:
+        """Until the worker's first output (or the first-token deadline, or the request's
+        end): the prompt is then computed, and in the worker's prefix cache."""
+        with contextlib.suppress(TimeoutError):
+            deadline, _ = self._deadline(time.monotonic())
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await self.record.outputs.wait()
 
     async def deltas(self, keepalive_s: float | None = None) -> AsyncIterator[Delta]:
         """Text deltas until the finish reason; raises APIError on a worker error or timeout.
@@ -154,7 +170,8 @@ class Generation:
     def _deadline(self, now: float) -> tuple[float, str]:
         """When the wait times out, and the error's message then. The first token:
         the floor plus the slack x the predicted prefill of the tokens ahead, from admission,
-        at the worker's latest measured rate; later outputs: token_timeout_s after the last."""
+        at the worker's latest measured rate (a slower rate extends it, a faster one never
+        shortens it); later outputs: token_timeout_s after the last."""
         settings = self.service.settings
         if self._timeline.t_first_s is not None:
             if self._wait_deadline is None:
@@ -169,6 +186,7 @@ class Generation:
             worker_id = self.record.route.worker_id
             prefill_s = self.service.directory.prefill_s(worker_id, self._num_tokens_ahead)
             allowed_s += settings.first_token_slack * prefill_s
+        allowed_s = self._first_token_allowed_s = max(self._first_token_allowed_s, allowed_s)
         message = f"no first token from the worker within {allowed_s:.3g} s of admission"
         return self._t_admitted + allowed_s, message
 
@@ -178,6 +196,8 @@ class Generation:
             self._timeline.t_first_run_s = msg.t_first_run_s
         if msg.token_ids and self._timeline.t_first_s is None:
             self.record.started()
+        if msg.prompt_logprobs is not None:
+            self.prompt_logprobs = msg.prompt_logprobs
         self._timeline.on_tokens(len(msg.token_ids), now)
         self.num_completion_tokens += len(msg.token_ids)
         text = self._detok.add(msg.token_ids)
@@ -189,7 +209,7 @@ class Generation:
         if reason is not None:
             text += self._detok.flush()
             self.finish_reason = reason
-        return Delta(text, len(msg.token_ids), reason)
+        return Delta(text, len(msg.token_ids), reason, tuple(msg.token_ids), msg.logprobs)
 
     @property
     def timeline(self) -> _Timeline:
@@ -220,10 +240,13 @@ class GenerationService:
             settings.max_concurrent_per_key, settings.max_requests_per_s_per_key
         )
 
-    async def start(self, request_id: str, params: GenerationParams) -> Generation:
-        """Route and submit; 503/429 when no worker can take it."""
+    async def start(
+        self, request_id: str, params: GenerationParams, worker_id: str | None = None
+    ) -> Generation:
+        """Route (to ``worker_id`` when it can take it: a sibling of ``n`` choices, for its
+        prefix cache) and submit; 503/429 when no worker can take it."""
         num_prompt_tokens = len(params.prompt_token_ids)
-        status = self.directory.choose(num_prompt_tokens)
+        status = self.directory.choose(num_prompt_tokens, prefer=worker_id)
         ahead = self.directory.queued_prefill_tokens(status) + num_prompt_tokens
         placement = Placement(  # before any await; 429 when over the key's limits
             self.directory, self.key_limiter, status.worker_id, num_prompt_tokens, params.key_id

@@ -70,6 +70,15 @@ class Outputs:
             raise self.error
         return self._buffer.popleft() if self._buffer else None
 
+    async def wait(self) -> None:
+        """Until an output is buffered or the channel ended (nothing is taken)."""
+        while not self._buffer and self.error is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
     async def get(self) -> TokenOutput:
         while True:
             msg = self.get_nowait()

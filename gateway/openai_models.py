@@ -15,9 +15,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from shared.logprobs import MAX_LOGPROBS
+
 _MAX_INT = 2**31 - 1
 PositiveInt = Annotated[int, Field(ge=1, le=_MAX_INT)]
 TokenId = Annotated[int, Field(ge=0, le=_MAX_INT)]
+NumLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 
 
 def valid_unicode(value: Any) -> Any:
@@ -88,7 +91,7 @@ class SamplingFields(BaseModel):
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
-    prompt_logprobs: Any = None
+    prompt_logprobs: NumLogprobs | None = None  # vLLM's: the prompt tokens' log-probabilities
 
     _sampling_text = field_validator("model", "stop", "user")(valid_unicode)
 
@@ -121,7 +124,7 @@ class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: NumLogprobs | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
@@ -143,8 +146,10 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | Annotated[list[TokenId], Field(min_length=1)] | list[str] | list[list[TokenId]]
+    # 0 only with echo: the prompt alone comes back (with its log-probabilities, if asked)
+    max_tokens: Annotated[int, Field(ge=0, le=_MAX_INT)] | None = None
     echo: bool | None = None
-    logprobs: int | None = None
+    logprobs: NumLogprobs | None = None
     suffix: str | None = None
 
     _prompt_text = field_validator("prompt")(valid_unicode)

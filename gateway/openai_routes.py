@@ -4,22 +4,32 @@ shapes."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from gateway.choices import (
+    ChatChunkLogprobs,
+    Choice,
+    ChoiceStream,
+    CompletionChunkLogprobs,
+    collect,
+    error_event,
+    merged_events,
+    usage,
+)
 from gateway.errors import APIError
 from gateway.fastlane import FastRoutes
-from gateway.generation import KEEPALIVE, Generation, GenerationParams
+from gateway.generation import Generation, GenerationParams
+from gateway.logprobs_format import Decode, vllm_prompt_logprobs
 from gateway.openai_models import ChatCompletionRequest, CompletionRequest, SamplingFields
-from gateway.sampling import generation_params
-from gateway.sse import KEEPALIVE_EVENT, ChunkBuilder, ChunkFormat, SseResponse
+from gateway.sampling import check_choices, generation_params
+from gateway.sse import ChunkBuilder, ChunkFormat, SseResponse
 from gateway.state import GatewayState
 from gateway.tenancy import admit, authenticate
 from gateway.tokenize_routes import router as tokenize_router
@@ -59,39 +69,71 @@ async def chat_completions(
 ) -> JSONResponse | SseResponse:
     state = _state(request)
     max_tokens = body.max_completion_tokens or body.max_tokens
-    prompt = state.prompts.chat_completion(body)
-    generation = await _admit_and_start(state, request, body, prompt, max_tokens, "chatcmpl")
-    request_id, created = generation.request_id, int(time.time())
-    head = {"id": request_id, "created": created, "model": state.model_name}
+    prompts = _batch_of_one(state.prompts.chat_completion(body))
+    choices = await _admit_and_start(state, request, body, prompts, max_tokens, "chatcmpl")
+    request_id, decode = choices[0].generation.request_id, state.prompts.token_text
+    head = {"id": request_id, "created": int(time.time()), "model": state.model_name}
     if body.stream:
-        return _sse(generation, _chat_chunk(head), body, first={"role": "assistant", "content": ""})
-    text_out = await _collect(generation, request)
-    message = {"role": "assistant", "content": text_out}
-    choice = {"index": 0, "message": message, "logprobs": None}
-    choice["finish_reason"] = generation.finish_reason
-    return _json(
-        {**head, "object": "chat.completion", "choices": [choice], "usage": _usage(generation)},
-        request_id,
-    )
+        streams = [
+            ChoiceStream(
+                c,
+                _chat_chunk(head, c.index),
+                first={"role": "assistant", "content": ""},
+                chunk_logprobs=ChatChunkLogprobs(decode) if body.logprobs else None,
+            )
+            for c in choices
+        ]
+        return _sse(streams, body, request_id)
+    await collect(choices, request)
+    response: dict[str, Any] = {**head, "object": "chat.completion", "choices": []}
+    for c in choices:
+        message = {"role": "assistant", "content": c.text}
+        logprobs = c.chat_logprobs(decode) if body.logprobs else None
+        reason = c.generation.finish_reason
+        response["choices"].append(
+            {"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": reason}
+        )
+    response["usage"] = usage(choices)
+    if body.prompt_logprobs is not None:  # vLLM's place for it: the response's
+        response["prompt_logprobs"] = _prompt_logprobs(choices[0], decode)
+    return _json(response, request_id)
 
 
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> JSONResponse | SseResponse:
     state = _state(request)
     max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's and vLLM's default
-    prompt = state.prompts.completion(body.prompt)
-    generation = await _admit_and_start(state, request, body, prompt, max_tokens, "cmpl")
-    request_id = generation.request_id
+    if max_tokens == 0 and not body.echo:
+        raise APIError(400, "max_tokens 0 needs echo: true", param="max_tokens")
+    prompts = state.prompts.completion(body.prompt)
+    choices = await _admit_and_start(state, request, body, prompts, max(1, max_tokens), "cmpl")
+    request_id, decode = choices[0].generation.request_id, state.prompts.token_text
+    if body.echo:
+        await _set_echo(state, body, choices, echo_only=max_tokens == 0)
     head = {"id": request_id, "created": int(time.time()), "model": state.model_name}
+    with_logprobs = body.logprobs is not None
     if body.stream:
-        return _sse(generation, _completion_chunk(head), body, first=None)
-    text_out = await _collect(generation, request)
-    choice = {"index": 0, "text": text_out, "logprobs": None}
-    choice["finish_reason"] = generation.finish_reason
-    return _json(
-        {**head, "object": "text_completion", "choices": [choice], "usage": _usage(generation)},
-        request_id,
-    )
+        streams = [
+            ChoiceStream(
+                c,
+                _completion_chunk(head, c.index),
+                chunk_logprobs=CompletionChunkLogprobs(decode) if with_logprobs else None,
+            )
+            for c in choices
+        ]
+        return _sse(streams, body, request_id)
+    await collect(choices, request)
+    response: dict[str, Any] = {**head, "object": "text_completion", "choices": []}
+    for c in choices:
+        choice = {"index": c.index, "text": c.text, "logprobs": None}
+        if with_logprobs:
+            choice["logprobs"] = c.completion_logprobs(decode)
+        choice["finish_reason"] = c.generation.finish_reason
+        if body.prompt_logprobs is not None:  # vLLM's place for it: each choice's
+            choice["prompt_logprobs"] = _prompt_logprobs(c, decode)
+        response["choices"].append(choice)
+    response["usage"] = usage(choices)
+    return _json(response, request_id)
 
 
 def fast_routes() -> FastRoutes:
@@ -102,122 +144,162 @@ def fast_routes() -> FastRoutes:
     }
 
 
+async def _batch_of_one(prompt: Coroutine[Any, Any, list[int]]) -> list[list[int]]:
+    return [await prompt]
+
+
 async def _admit_and_start(
     state: GatewayState,
     request: Request,
     body: SamplingFields,
-    prompt: Coroutine[Any, Any, list[int]],
+    prompts: Coroutine[Any, Any, list[list[int]]],
     max_tokens: int | None,
     id_prefix: str,
-) -> Generation:
+) -> list[Choice]:
     """Everything before the first token, in order: fields we do not serve, the caller (its
-    key before anything costly), the prompt, the parameters, routing and submit. A refusal on
+    key before anything costly), the prompts, the parameters, routing and submit. A refusal on
     the way is counted (``superinfer:requests_rejected`` by status) and answered."""
     try:
         try:
             reject_unsupported(body)
+            check_choices(body)
             caller = await admit(state, request, body)
         except BaseException:
-            prompt.close()  # never awaited: the refusal came first
+            prompts.close()  # never awaited: the refusal came first
             raise
-        prompt_ids = await prompt
-        params = generation_params(state, request, body, caller, prompt_ids, max_tokens)
-        return await _start(state, f"{id_prefix}-{uuid.uuid4().hex}", params)
+        prompt_ids = await prompts
+        n = body.n or 1
+        if len(prompt_ids) * n > state.settings.max_choices:
+            raise APIError(
+                400,
+                f"{len(prompt_ids)} prompts x n = {n} is over this server's "
+                f"{state.settings.max_choices} choices a request",
+                param="n" if n > 1 else "prompt",
+            )
+        params = [
+            generation_params(state, request, body, caller, p, max_tokens) for p in prompt_ids
+        ]
+        return await _start_choices(state, f"{id_prefix}-{uuid.uuid4().hex}", params, n)
     except APIError as exc:
         state.metrics.rejected.labels(str(exc.status_code)).inc()
         raise
 
 
-async def _start(state: GatewayState, request_id: str, params: GenerationParams) -> Generation:
+async def _start_choices(
+    state: GatewayState, request_id: str, params: list[GenerationParams], n: int
+) -> list[Choice]:
+    """One generation per prompt and sample. With ``n`` > 1, a prompt's first sample runs
+    alone until its first output, then its siblings go to the same worker, whose prefix cache
+    then holds the prompt: one prefill (the last partial block aside). A sibling's seed is the
+    request's plus its sample number, so the samples differ and repeat with the seed."""
+    choices: list[Choice] = []
+    try:
+        firsts = [await _start(state, _choice_id(request_id, i * n, len(params) * n), p)
+                  for i, p in enumerate(params)]  # fmt: skip
+        choices = [Choice(i * n, g) for i, g in enumerate(firsts)]
+        if n == 1:
+            return choices
+        await asyncio.gather(*(first.wait_first_output() for first in firsts))
+        for i, (first, p) in enumerate(zip(firsts, params, strict=True)):
+            worker_id = first.record.route.worker_id
+            for j in range(1, n):
+                seed = None if p.sampling.seed is None else p.sampling.seed + j
+                sibling = replace(p, sampling=replace(p.sampling, seed=seed))
+                index = i * n + j
+                generation = await _start(
+                    state, _choice_id(request_id, index, len(params) * n), sibling, worker_id
+                )
+                choices.append(Choice(index, generation))
+        return sorted(choices, key=lambda c: c.index)
+    except BaseException:
+        for choice in choices:
+            state.generations.finish(choice.generation)  # aborts what was submitted
+        raise
+
+
+def _choice_id(request_id: str, index: int, num_choices: int) -> str:
+    """The wire id of choice ``index`` (the response's id alone for a single choice)."""
+    return request_id if num_choices == 1 else f"{request_id}-{index}"
+
+
+async def _start(
+    state: GatewayState, request_id: str, params: GenerationParams, worker_id: str | None = None
+) -> Generation:
     """Submit; an error carries the request id (a 5xx body shows it, the log has the rest)."""
     try:
-        return await state.generations.start(request_id, params)
+        return await state.generations.start(request_id, params, worker_id)
     except APIError as exc:
         exc.request_id = request_id
         raise
 
 
-# ---- generation -> responses ------------------------------------------------------------
+async def _set_echo(
+    state: GatewayState, body: CompletionRequest, choices: list[Choice], echo_only: bool
+) -> None:
+    """Each choice's prompt text first: the text as sent, or its token ids decoded."""
+    prompt_field: Any = body.prompt
+    one = isinstance(prompt_field, str) or isinstance(prompt_field[0], int)
+    texts: list[Any] = [prompt_field] if one else list(prompt_field)
+    n = body.n or 1
+    for choice in choices:
+        prompt = texts[choice.index // n]
+        if isinstance(prompt, str):
+            choice.echo = prompt
+        else:
+            (choice.echo,) = await state.prompts.decode(list(prompt))
+        choice.echo_only = echo_only
 
 
-async def _collect(generation: Generation, request: Request) -> str:
-    """The whole text; a client that disconnects meanwhile aborts the request."""
-
-    async def consume() -> str:
-        return "".join([delta.text async for delta in generation.deltas()])
-
-    task = asyncio.create_task(consume())
-    while not task.done():
-        await asyncio.wait({task}, timeout=0.5)
-        if not task.done() and await request.is_disconnected():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            raise APIError(400, "client disconnected", code="client_disconnected")
-    try:
-        return task.result()
-    except APIError as exc:
-        exc.request_id = generation.request_id
-        raise
-
-
-def _usage(generation: Generation) -> dict[str, int]:
-    prompt, completion = generation.num_prompt_tokens, generation.num_completion_tokens
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
+def _prompt_logprobs(choice: Choice, decode: Decode) -> list[Any] | None:
+    generation = choice.generation
+    if generation.prompt_logprobs is None:
+        return None
+    return vllm_prompt_logprobs(generation.params.prompt_token_ids, generation.prompt_logprobs,
+                                decode)  # fmt: skip
 
 
 def _json(content: dict[str, Any], request_id: str) -> JSONResponse:
     return JSONResponse(content, headers={"x-request-id": request_id})
 
 
-def _chat_chunk(head: dict[str, Any]) -> ChunkBuilder:
+def _chat_chunk(head: dict[str, Any], index: int) -> ChunkBuilder:
     def build(text: str, finish_reason: str | None) -> dict[str, Any]:
         delta = {"content": text} if text or finish_reason is None else {}
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         return {**head, "object": "chat.completion.chunk", "choices": [choice]}
 
     return build
 
 
-def _completion_chunk(head: dict[str, Any]) -> ChunkBuilder:
+def _completion_chunk(head: dict[str, Any], index: int) -> ChunkBuilder:
     def build(text: str, finish_reason: str | None) -> dict[str, Any]:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
         return {**head, "object": "text_completion", "choices": [choice]}
 
     return build
 
 
-def _sse(
-    generation: Generation,
-    build: ChunkBuilder,
-    body: SamplingFields,
-    first: dict[str, Any] | None,
-) -> SseResponse:
+def _sse(streams: list[ChoiceStream], body: SamplingFields, request_id: str) -> SseResponse:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    chunks = ChunkFormat(build, include_usage)
-    keepalive_s = generation.service.settings.sse_keepalive_s or None  # 0: no keep-alives
+    formats = [ChunkFormat(stream.build, include_usage) for stream in streams]
+    choices = [stream.choice for stream in streams]
+    service = choices[0].generation.service
+    keepalive_s = service.settings.sse_keepalive_s or None  # 0: no keep-alives
 
     async def events() -> AsyncIterator[bytes]:
         try:
-            if first is not None:
-                chunk = build("", None)
-                chunk["choices"][0]["delta"] = first
-                yield chunks.event(chunk)
-            async for delta in generation.deltas(keepalive_s):
-                if delta.text or delta.finish_reason:
-                    yield chunks.delta(delta.text, delta.finish_reason)
-                elif delta is KEEPALIVE:
-                    yield KEEPALIVE_EVENT
+            async for event in merged_events(streams, formats, keepalive_s):
+                yield event
             if include_usage:
-                final = build("", None)
-                yield chunks.event({**final, "choices": [], "usage": _usage(generation)})
+                final = streams[0].build("", None)
+                yield formats[0].event({**final, "choices": [], "usage": usage(choices)})
         except APIError as exc:
-            exc.request_id = generation.request_id
-            yield f"data: {json.dumps(exc.body())}\n\n".encode()
+            exc.request_id = exc.request_id or request_id
+            yield error_event(exc)
 
-    headers = {"x-request-id": generation.request_id, "cache-control": "no-cache"}
-    return SseResponse(events(), headers, lambda: generation.service.finish(generation))
+    def close() -> None:
+        for choice in choices:
+            service.finish(choice.generation)
+
+    headers = {"x-request-id": request_id, "cache-control": "no-cache"}
+    return SseResponse(events(), headers, close)

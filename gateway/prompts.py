@@ -7,6 +7,7 @@ Unicode is a 400 too (the request models already refuse lone surrogates by field
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -27,17 +28,23 @@ class PromptEncoder:
         self.chat = chat
         self.max_chars = max_chars
         self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="tokenize")
+        # one token's text (log-probabilities name tokens by it): cached, at most this many
+        self.token_text: Callable[[int], str] = functools.lru_cache(maxsize=65_536)(
+            lambda token_id: tokenizer.decode([token_id])
+        )
 
-    async def completion(self, prompt: Any) -> list[int]:
-        """A completion's prompt: text (tokenized with BOS) or token ids, one per request."""
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-            prompt = prompt[0]  # a batch of one
-        if isinstance(prompt, str):
-            self._check_chars(len(prompt), "prompt")
-            return await self._off_loop(self._encode, prompt, True, "prompt")
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return list(prompt)
-        raise APIError(400, "one prompt per request (batches are not supported)", param="prompt")
+    async def completion(self, prompt: Any) -> list[list[int]]:
+        """A completion's prompts: text (tokenized with BOS) or token ids, or a batch of
+        either (a list of texts or of token-id lists); every text's characters count
+        against the limit together."""
+        if isinstance(prompt, str) or (prompt and all(isinstance(t, int) for t in prompt)):
+            prompt = [prompt]  # one prompt
+        if not prompt:
+            raise APIError(400, "the prompt batch is empty", param="prompt")
+        self._check_chars(sum(len(p) for p in prompt if isinstance(p, str)), "prompt")
+        texts = [p for p in prompt if isinstance(p, str)]
+        encoded = iter(await self._off_loop(self._encode_all, texts) if texts else [])
+        return [next(encoded) if isinstance(p, str) else list(p) for p in prompt]
 
     async def chat_completion(self, body: ChatCompletionRequest) -> list[int]:
         """A chat's messages through the chat template, then tokenized (BOS only without a
@@ -78,6 +85,9 @@ class PromptEncoder:
             raise APIError(400, str(exc), param=exc.param) from exc
         self._check_chars(len(text), "messages")
         return self._encode(text, not self.chat.has_template, "messages")
+
+    def _encode_all(self, texts: list[str]) -> list[list[int]]:
+        return [self._encode(text, True, "prompt") for text in texts]
 
     def _encode(self, text: str, add_bos: bool, param: str) -> list[int]:
         try:

@@ -8,7 +8,7 @@ from fastapi import Request
 
 from gateway.errors import APIError
 from gateway.generation import GenerationParams
-from gateway.openai_models import SamplingFields
+from gateway.openai_models import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from gateway.tenancy import Caller, served_class, served_priority
@@ -83,6 +83,29 @@ def _logit_bias(bias: dict[str, object] | None) -> tuple[tuple[int, ...], tuple[
     return tuple(ids), tuple(values)
 
 
+def check_choices(body: SamplingFields) -> None:
+    """What the choices of one response may not combine: vLLM's prompt_logprobs come whole,
+    not streamed."""
+    if body.stream and body.prompt_logprobs is not None:
+        raise APIError(400, "prompt_logprobs is not served with stream: true", param="stream")
+
+
+def _logprobs(body: SamplingFields) -> tuple[int | None, int | None]:
+    """How many top log-probabilities each sampled token and each prompt token need (None:
+    none). Chat: ``logprobs: true`` with ``top_logprobs`` (which needs it); completions:
+    ``logprobs: N``, for the prompt too with ``echo``; both: vLLM's ``prompt_logprobs``."""
+    prompt = body.prompt_logprobs
+    if isinstance(body, ChatCompletionRequest):
+        if body.top_logprobs is not None and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return (body.top_logprobs or 0) if body.logprobs else None, prompt
+    if isinstance(body, CompletionRequest) and body.logprobs is not None:
+        if body.echo:
+            prompt = max(prompt or 0, body.logprobs)
+        return body.logprobs, prompt
+    return None, prompt
+
+
 def sampling_params(
     body: SamplingFields, max_tokens: int, settings: GatewaySettings
 ) -> SamplingParams:
@@ -95,6 +118,7 @@ def sampling_params(
     ):
         raise APIError(400, "too many or too long stop strings", param="stop")
     bias_ids, bias_values = _logit_bias(body.logit_bias)
+    logprobs, prompt_logprobs = _logprobs(body)
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -113,6 +137,8 @@ def sampling_params(
             repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
             logit_bias_ids=bias_ids,
             logit_bias_values=bias_values,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
     except ValueError as exc:
         raise APIError(400, str(exc)) from exc

@@ -80,6 +80,22 @@ async def tokenize(body: TokenizeCompletion | TokenizeChat, request: Request) ->
     }
 
 
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request) -> dict[str, Any]:
+    """vLLM's: what a client needs to tokenize as the server does (lm-eval's remote tokenizer
+    reads it): the special tokens' text, the chat template served, the context length."""
+    state = await _caller(request, None)
+    bundle = state.chat.bundle
+    return {
+        "tokenizer_class": type(bundle.tokenizer).__name__,
+        "bos_token": bundle.bos_token or None,
+        "eos_token": bundle.eos_token or None,
+        "pad_token": None,
+        "chat_template": state.chat.source,
+        "model_max_length": state.directory.max_model_len(),
+    }
+
+
 @router.post("/detokenize")
 async def detokenize(body: Detokenize, request: Request) -> dict[str, str]:
     state = await _caller(request, body.model)

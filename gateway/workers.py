@@ -95,10 +95,10 @@ class WorkerDirectory:
             kv_usage(status.num_hbm_blocks, status.num_free_hbm_blocks),
         )
 
-    def choose(self, num_prompt_tokens: int) -> WorkerStatus:
-        """The least-lagging worker with room in its queue; 503 without workers, 429 when every
-        queue is full (both with Retry-After: when over the work bound, the predicted seconds
-        until the soonest queue has room)."""
+    def choose(self, num_prompt_tokens: int, prefer: str | None = None) -> WorkerStatus:
+        """The least-lagging worker with room in its queue (``prefer`` when it has room); 503
+        without workers, 429 when every queue is full (both with Retry-After: when over the
+        work bound, the predicted seconds until the soonest queue has room)."""
         candidates = self.routable()
         retry_after_s = self.settings.retry_after_s
         if not candidates:
@@ -118,7 +118,8 @@ class WorkerDirectory:
                 code="queue_full",
                 headers={"Retry-After": str(retry_after_s)},
             )
-        return min(open_workers, key=self.predicted_lag_s)
+        preferred = [s for s in open_workers if s.worker_id == prefer]
+        return preferred[0] if preferred else min(open_workers, key=self.predicted_lag_s)
 
     def _wait_for_room_s(self, status: WorkerStatus, num_prompt_tokens: int) -> float:
         """0 when ``status``'s worker has room for the request; else about how long until it

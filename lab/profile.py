@@ -44,7 +44,7 @@ from lab.profile_fit import (
 
 if TYPE_CHECKING:
     from data_plane.engine.engine import Engine
-    from data_plane.engine.executor import BatchItem, Executor
+    from data_plane.engine.executor import BatchItem, Executor, Sampled
 
 _LINK_BLOCKS = 256  # blocks copied each way to measure the KV link
 
@@ -73,7 +73,7 @@ class _ShapeRecorder:
         self.inner = inner
         self.last_shape: tuple[int, int, int] | None = None
 
-    def execute(self, items: list[BatchItem]) -> dict[str, int]:
+    def execute(self, items: list[BatchItem]) -> Sampled:
         self.last_shape = batch_shape(items)
         return self.inner.execute(items)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.logprobs import MAX_LOGPROBS
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -35,6 +37,12 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias_ids: tuple[int, ...] = ()
     logit_bias_values: tuple[float, ...] = ()
+    # Log-probabilities (shared/logprobs.py): None asks for none; N >= 0 for each sampled token
+    # (``logprobs``) or each prompt token after the first (``prompt_logprobs``) its own and
+    # the N most likely. A request with prompt_logprobs takes no prefix-cache hit (its prompt
+    # is computed whole, as in vLLM).
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     @property
     def penalized(self) -> bool:
@@ -69,3 +77,7 @@ class SamplingParams:
             )
         if len(self.logit_bias_ids) != len(self.logit_bias_values):
             raise ValueError("logit_bias_ids and logit_bias_values differ in length")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in 0..{MAX_LOGPROBS} or unset, got {value}")

@@ -76,12 +76,12 @@ def ours_steps(
 ) -> dict[str, Callable[[], Any]]:
     """One decode step of each of our variants, inputs prepared (as the runner does)."""
     from data_plane.engine.cuda_graphs import DecodeGraphs
-    from data_plane.engine.model_runner import ModelRunner
+    from data_plane.engine.model_runner import ModelRunner, PromptRows
     from data_plane.models.triton_attention import paged_metadata
 
     items = decode_items(batch, context, BLOCK_SIZE)
     torch_runner = ModelRunner(model, BLOCK_SIZE, device, attention_backend="torch")
-    ids, positions, meta, _, logits_index = torch_runner._prepare(items)
+    ids, positions, meta, _, logits_index = torch_runner._prepare(items, PromptRows([], []))
     triton_runner = ModelRunner(model, BLOCK_SIZE, device, attention_backend="triton")
     host, _ = triton_runner.host_batch(items)
     paged = paged_metadata(

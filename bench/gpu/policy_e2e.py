@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.gpu.model_shapes import LLAMA3_8B, TINY, build_model  # noqa: E402
 from data_plane.engine.engine import Engine  # noqa: E402
-from data_plane.engine.executor import BatchItem, Executor  # noqa: E402
+from data_plane.engine.executor import BatchItem, Executor, Sampled  # noqa: E402
 from data_plane.engine.model_runner import ModelRunner  # noqa: E402
 from data_plane.engine.request import RequestError  # noqa: E402
 from data_plane.engine.sampling import SamplingParams  # noqa: E402
@@ -64,7 +64,7 @@ class _Executor(Executor):
     def __init__(self, runner: ModelRunner, kv: torch.Tensor) -> None:
         self.runner, self.kv = runner, kv
 
-    def execute(self, items: list[BatchItem]) -> dict[str, int]:
+    def execute(self, items: list[BatchItem]) -> Sampled:
         return self.runner.execute(items, self.kv)
 
 

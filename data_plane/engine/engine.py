@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from data_plane.engine.executor import BatchItem, Executor
+from data_plane.engine.executor import BatchItem, Executor, Sampled
 from data_plane.engine.output import check_stop
 from data_plane.engine.request import (
     FINISHED_STATUS,
@@ -158,7 +158,8 @@ class Engine:
             slo_ttft_s=slo_ttft_s,
             slo_tbt_s=slo_tbt_s,
         )
-        request.block_keys = self.kv.prefix_keys(request.prompt_token_ids)
+        if params.prompt_logprobs is None:  # else its whole prompt is computed: no cache hit
+            request.block_keys = self.kv.prefix_keys(request.prompt_token_ids)
         eos_ids = () if params.ignore_eos else self.eos_token_ids
         request.stop_ids = tuple(dict.fromkeys((*eos_ids, *params.stop_token_ids)))
         self.requests[request_id] = request
@@ -362,16 +363,17 @@ class Engine:
             items.append(BatchItem(request, end - request.num_computed_tokens, block_ids))
         return items
 
-    def _process(
-        self, items: list[BatchItem], sampled: dict[str, int], now: float
-    ) -> list[RequestOutput]:
+    def _process(self, items: list[BatchItem], sampled: Sampled, now: float) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
         for item in items:
             request = item.request
             before = request.num_computed_tokens
             request.num_computed_tokens += item.num_tokens
             self._on_computed(request, before)
-            token = sampled.get(request.request_id)
+            prompt_part = sampled.prompt_logprobs.get(request.request_id)
+            if prompt_part is not None:
+                request.record_prompt_logprobs(*prompt_part)
+            token = sampled.token_ids.get(request.request_id)
             if token is None or request.finished:
                 continue
             request.output_token_ids.append(token)
@@ -393,6 +395,8 @@ class Engine:
                     t_first_run_s=request.t_first_run_s,
                     num_preemptions=request.num_preemptions,
                     num_rotations=request.num_rotations,
+                    logprobs=sampled.logprobs.get(request.request_id),
+                    prompt_logprobs=request.take_prompt_logprobs(),
                 )
             )
         return outputs

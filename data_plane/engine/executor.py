@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from data_plane.engine.batch import BatchItem, Executor
+from data_plane.engine.batch import BatchItem, Executor, Sampled
 
 if TYPE_CHECKING:
     from data_plane.engine.model_runner import ModelRunner
 
-__all__ = ["BatchItem", "Executor", "ModelExecutor"]
+__all__ = ["BatchItem", "Executor", "ModelExecutor", "Sampled"]
 
 
 class ModelExecutor(Executor):
@@ -24,5 +24,5 @@ class ModelExecutor(Executor):
         self.runner = runner
         self.kv_cache = kv_cache
 
-    def execute(self, items: list[BatchItem]) -> dict[str, int]:
+    def execute(self, items: list[BatchItem]) -> Sampled:
         return self.runner.execute(items, self.kv_cache)

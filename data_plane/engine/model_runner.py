@@ -1,4 +1,5 @@
-"""Turns a scheduled batch into tensors, runs the model, samples the next tokens.
+"""Turns a scheduled batch into tensors, runs the model, samples the next tokens (and computes
+the log-probabilities requests asked for: ``logprobs.py``).
 
 Two attention paths (``data_plane/models/attention.py``): the torch path gathers each
 sequence's context rows (the reference; the CPU path), the Triton path hands the kernels each
@@ -11,11 +12,13 @@ batch of decodes only runs as a CUDA graph (``cuda_graphs.py``; ``cuda_graphs=Fa
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
-from data_plane.engine.batch import BatchItem
+from data_plane.engine.batch import BatchItem, Sampled
 from data_plane.engine.cuda_graphs import DEFAULT_MAX_GRAPH_BATCH, DecodeGraphs
+from data_plane.engine.logprobs import token_logprobs
 from data_plane.engine.request import Request
 from data_plane.engine.sampler import Sampler
 from data_plane.engine.sampling import SamplingRow
@@ -53,6 +56,27 @@ def resolve_cuda_graphs(requested: bool | None, device: torch.device, backend: s
     return requested and backend == "triton" and device.type == "cuda"
 
 
+@dataclass(slots=True)
+class PromptRows:
+    """The logits rows (after the sampled ones) a batch computes for prompt log-probabilities:
+    per request, the index of the first prompt token its rows predict and how many."""
+
+    flat_index: list[int]  # positions in the batch's flattened tokens
+    spans: list[tuple[Request, int, int]]  # (request, first predicted index, number of rows)
+
+    def add(self, item: BatchItem, token_start: int) -> None:
+        """``item``'s chunk, at ``token_start`` in the batch: rows for the prompt tokens it
+        predicts, when its request asked for them and has no output yet."""
+        request = item.request
+        if request.params.prompt_logprobs is None or request.output_token_ids:
+            return
+        start = request.num_computed_tokens
+        stop = min(start + item.num_tokens, len(request.prompt_token_ids) - 1)
+        if stop > start:  # position p predicts prompt token p + 1
+            self.flat_index.extend(range(token_start, token_start + stop - start))
+            self.spans.append((request, start + 1, stop - start))
+
+
 def token_slice(request: Request, start: int, end: int) -> list[int]:
     """``request.all_token_ids[start:end]`` without concatenating the whole list."""
     prompt, output = request.prompt_token_ids, request.output_token_ids
@@ -86,36 +110,47 @@ class ModelRunner:
         if resolve_cuda_graphs(cuda_graphs, self.device, self.attention_backend):
             self.graphs = DecodeGraphs(model, block_size, max_graph_batch, self.device)
 
-    def execute(self, items: list[BatchItem], kv_cache: torch.Tensor) -> dict[str, int]:
-        """Run one iteration; returns the sampled token of every request whose chunk reached
-        the end of its known tokens."""
+    def execute(self, items: list[BatchItem], kv_cache: torch.Tensor) -> Sampled:
+        """Run one iteration: the sampled token of every request whose chunk reached the end
+        of its known tokens, and the log-probabilities requests asked for."""
         items = sorted(items, key=lambda item: item.num_tokens != 1)  # decodes first
+        prompt_rows = PromptRows([], [])
         if self.attention_backend == "triton":
-            logits, sample_items = self._forward_paged(items, kv_cache)
+            logits, sample_items = self._forward_paged(items, kv_cache, prompt_rows)
         else:
-            input_ids, positions, meta, sample_items, logits_index = self._prepare(items)
+            input_ids, positions, meta, sample_items, logits_index = self._prepare(
+                items, prompt_rows
+            )
             logits = self.model(input_ids, positions, kv_cache, meta, logits_index)
+        num_sampled = len(sample_items)
+        requests = [item.request for item in sample_items]
         rows = [
             SamplingRow.of(r.params, r.prompt_token_ids, r.output_token_ids, r.stop_ids)
-            for r in (item.request for item in sample_items)
+            for r in requests
         ]
-        tokens = self.sampler.sample(logits, rows)
-        return {item.request.request_id: t for item, t in zip(sample_items, tokens, strict=True)}
+        tokens = self.sampler.sample(logits[:num_sampled], rows)
+        sampled = Sampled({r.request_id: t for r, t in zip(requests, tokens, strict=True)})
+        _sampled_logprobs(logits[:num_sampled], requests, tokens, sampled)
+        _prompt_logprobs(logits[num_sampled:], prompt_rows, sampled)
+        return sampled
 
     def _forward_paged(
-        self, items: list[BatchItem], kv_cache: torch.Tensor
+        self, items: list[BatchItem], kv_cache: torch.Tensor, prompt_rows: PromptRows
     ) -> tuple[torch.Tensor, list[BatchItem]]:
-        batch, sample_items = self.host_batch(items)
-        if self.graphs is not None and self.graphs.supports(batch):
+        batch, sample_items = self.host_batch(items, prompt_rows)
+        if self.graphs is not None and not prompt_rows.spans and self.graphs.supports(batch):
             return self.graphs.run(batch, kv_cache), sample_items
         input_ids, positions, meta, logits_index = paged_metadata(
             batch, self.block_size, self.rows_per_block, self.group_size, self.device
         )
         return self.model(input_ids, positions, kv_cache, meta, logits_index), sample_items
 
-    def host_batch(self, items: list[BatchItem]) -> tuple[HostBatch, list[BatchItem]]:
+    def host_batch(
+        self, items: list[BatchItem], prompt_rows: PromptRows | None = None
+    ) -> tuple[HostBatch, list[BatchItem]]:
         """The Triton path's inputs as host lists (``items`` sorted decodes first), and the
-        items that sample, in the order of ``batch.logits_index``."""
+        items that sample, in the order of ``batch.logits_index`` (then ``prompt_rows``'
+        rows, when given)."""
         bs, rows_per_block = self.block_size, self.rows_per_block
         batch = HostBatch([], [], [], [], [], [], 0, [])
         sample_items: list[BatchItem] = []
@@ -133,13 +168,17 @@ class ModelRunner:
             batch.context_lens.append(end)
             batch.block_tables.append(table)
             batch.num_decodes += item.num_tokens == 1
+            if prompt_rows is not None:
+                prompt_rows.add(item, len(batch.input_ids) - item.num_tokens)
             if end == request.num_tokens:
                 sample_items.append(item)
                 batch.logits_index.append(len(batch.input_ids) - 1)
+        if prompt_rows is not None:
+            batch.logits_index.extend(prompt_rows.flat_index)
         return batch, sample_items
 
     def _prepare(
-        self, items: list[BatchItem]
+        self, items: list[BatchItem], prompt_rows: PromptRows
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[BatchItem], torch.Tensor]:
         bs = self.block_size
         rows_per_block = self.num_layers * 2 * bs
@@ -172,9 +211,11 @@ class ModelRunner:
                 table_t = torch.tensor(table, dtype=torch.long, device=dev)
                 rows_t = (table_t[:, None] * rows_per_block + offsets).flatten()[:end]
                 prefill[3].append(rows_t)
+            prompt_rows.add(item, token_start)
             if end == request.num_tokens:
                 sample_items.append(item)
                 logits_index.append(len(input_ids) - 1)
+        logits_index.extend(prompt_rows.flat_index)
         width = max((len(t) for t in decode_tables), default=0)
         tables_t = torch.tensor(
             [t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long, device=dev
@@ -200,3 +241,28 @@ class ModelRunner:
             sample_items,
             torch.tensor(logits_index, dtype=torch.long, device=dev),
         )
+
+
+def _sampled_logprobs(
+    logits: torch.Tensor, requests: list[Request], tokens: list[int], sampled: Sampled
+) -> None:
+    """The sampled tokens' log-probabilities, for the rows whose request asked."""
+    wanted = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
+    if not wanted:
+        return
+    rows = logits if len(wanted) == len(requests) else logits[wanted]
+    num_top = [requests[i].params.logprobs or 0 for i in wanted]
+    values = token_logprobs(rows, [tokens[i] for i in wanted], num_top)
+    for j, i in enumerate(wanted):
+        sampled.logprobs[requests[i].request_id] = values.slice(j, j + 1)
+
+
+def _prompt_logprobs(logits: torch.Tensor, prompt_rows: PromptRows, sampled: Sampled) -> None:
+    """The prompt tokens' log-probabilities, from the rows after the sampled ones."""
+    row = 0
+    for request, first, num in prompt_rows.spans:
+        targets = request.prompt_token_ids[first : first + num]
+        num_top = [request.params.prompt_logprobs or 0] * num
+        values = token_logprobs(logits[row : row + num], targets, num_top)
+        sampled.prompt_logprobs[request.request_id] = (first, values)
+        row += num

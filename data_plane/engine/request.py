@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from data_plane.engine.sampling import SamplingParams
 from shared.detokenizer import IncrementalDetokenizer
+from shared.logprobs import TokenLogprobs, concat
 from shared.policy import RequestState
 
 
@@ -90,6 +91,32 @@ class Request:
     # The tokens that end it: EOS (unless ignore_eos) and its stop_token_ids; never sampled
     # before min_tokens.
     stop_ids: tuple[int, ...] = ()
+    # With params.prompt_logprobs: those of prompt tokens 1.. as computed so far, until they
+    # go out with the first token (then None; a recompute after preemption adds none again).
+    prompt_logprobs: list[TokenLogprobs] | None = None
+    num_prompt_logprobs: int = 0  # prompt tokens (from index 1) in prompt_logprobs
+
+    def record_prompt_logprobs(self, first_index: int, values: TokenLogprobs) -> None:
+        """Prompt tokens ``first_index ..`` predicted by a chunk; those already recorded (a
+        chunk recomputed after preemption) are skipped."""
+        if self.output_token_ids:
+            return
+        skip = 1 + self.num_prompt_logprobs - first_index
+        if skip < 0:
+            raise ValueError(f"prompt logprobs from token {first_index} leave a gap")
+        if skip < len(values):
+            if self.prompt_logprobs is None:
+                self.prompt_logprobs = []
+            self.prompt_logprobs.append(values.slice(skip) if skip else values)
+            self.num_prompt_logprobs += len(values) - skip
+
+    def take_prompt_logprobs(self) -> TokenLogprobs | None:
+        """The prompt's log-probabilities, once (with the first token); None when not asked
+        or already taken."""
+        if self.params.prompt_logprobs is None or len(self.output_token_ids) != 1:
+            return None
+        parts, self.prompt_logprobs = self.prompt_logprobs or [], None
+        return concat(parts) if parts else TokenLogprobs()
 
     @property
     def num_tokens(self) -> int:
@@ -137,6 +164,8 @@ class RequestOutput:
     t_first_run_s: float | None = None
     num_preemptions: int = 0
     num_rotations: int = 0
+    logprobs: TokenLogprobs | None = None  # of new_token_ids, when asked for
+    prompt_logprobs: TokenLogprobs | None = None  # with the first token, when asked for
 
     @property
     def finished(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from data_plane.engine.executor import BatchItem, Executor
+from data_plane.engine.executor import BatchItem, Executor, Sampled
 from lab.costmodel import CostProfile, copy_interference_s, iteration_time_s
 from lab.sim.clock import VirtualClock
 
@@ -48,7 +48,7 @@ class SimulatedExecutor(Executor):
         self.num_prefill_tokens = 0
         self.num_decode_tokens = 0
 
-    def execute(self, items: list[BatchItem]) -> dict[str, int]:
+    def execute(self, items: list[BatchItem]) -> Sampled:
         prefill = decodes = context = pairs = 0
         sampled: dict[str, int] = {}
         token = self.token_id
@@ -79,4 +79,4 @@ class SimulatedExecutor(Executor):
         self.num_iterations += 1
         self.num_prefill_tokens += prefill
         self.num_decode_tokens += decodes
-        return sampled
+        return Sampled(sampled)

@@ -16,14 +16,15 @@ import msgpack
 
 from shared.protocol.limits import DEFAULT_LIMITS, Limits, unpack
 
-SCHEMA_VERSION = 9  # 2: columnar RequestTable snapshots; 3: TokenOutput.error_kind;
+SCHEMA_VERSION = 10  # 2: columnar RequestTable snapshots; 3: TokenOutput.error_kind;
 # 4: requests known by handle (arrival_seq) between worker and control plane, no id strings;
 # token outputs batched per reply stream and iteration (TokenOutputs); 5: SubmitRequest carries
 # the sampling parameters as one nested SamplingParams; 6: snapshots may travel as a delta
 # (StateSnapshot.delta: the rows changed since a planned snapshot); 7: snapshots carry the
 # worker's LVF residency in force (StateSnapshot.lvf_min_residency_s); 8: SamplingParams carries
 # min_tokens, min_p and include_stop_str_in_output; 9: WorkerStatus carries the measured speed
-# (prefill_tokens_per_s, decode_step_s)
+# (prefill_tokens_per_s, decode_step_s); 10: SamplingParams asks for logprobs and
+# prompt_logprobs, TokenOutput carries them (shared.logprobs.TokenLogprobs)
 T = TypeVar("T")
 _REGISTRY: dict[str, type] = {}
 _HINTS: dict[type, list[tuple[str, Any]]] = {}

@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from shared.logprobs import TokenLogprobs
 from shared.policy.types import REQUEST_FIELDS
 from shared.protocol.codec import message
 from shared.sampling import SamplingParams
@@ -308,12 +309,18 @@ class TokenOutput:
     # with ``error``: "rejected" (the request can never be served: the client's 400) or
     # "engine" (the worker failed while serving it: a 500)
     error_kind: str | None = None
+    # the log-probabilities of ``token_ids`` (when the request asked for them), and on the
+    # message of its first token those of its prompt tokens after the first
+    logprobs: TokenLogprobs | None = None
+    prompt_logprobs: TokenLogprobs | None = None
 
     def __post_init__(self) -> None:
         if self.error_kind not in ERROR_KINDS:
             raise ValueError(f"error_kind must be one of {ERROR_KINDS}, got {self.error_kind!r}")
         if (self.error is None) != (self.error_kind is None):
             raise ValueError("error and error_kind come together")
+        if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
+            raise ValueError("logprobs and token_ids differ in length")
 
 
 @message("token_batch")

@@ -401,6 +401,35 @@ def test_smollm_greedy_matches_transformers(smollm: tuple[Any, list[list[int]], 
     assert "Paris" in loaded.tokenizer.decode(tokens[0])
 
 
+def test_smollm_logprobs_match_transformers(smollm: tuple[Any, list[list[int]], Any]) -> None:
+    """Sampled tokens' and prompt tokens' log-probabilities (and the top 5) of the real model
+    equal transformers' log_softmax on the same tokens, max abs difference <= 1e-3 (fp32)."""
+    loaded, prompts, reference = smollm
+    prompt = prompts[0]
+    engine = build_engine(loaded, EngineConfig(block_size=16, num_hbm_blocks=64))
+    params = SamplingParams(max_tokens=6, temperature=0.7, seed=5, logprobs=5, prompt_logprobs=5)
+    engine.add_request("r", prompt, params)
+    tokens: list[int] = []
+    sampled: list[Any] = []
+    prompt_part: Any = None
+    while engine.has_unfinished():
+        for output in engine.step().outputs:
+            tokens.extend(output.new_token_ids)
+            sampled.append(output.logprobs)
+            prompt_part = prompt_part or output.prompt_logprobs
+    with torch.no_grad():
+        logits = reference(torch.tensor([prompt + tokens])).logits[0].float()
+    expected = torch.log_softmax(logits, dim=-1)[:-1]  # row p: the distribution of token p+1
+    targets = (prompt + tokens)[1:]
+    got = [v for part in [prompt_part, *sampled] for v in part.logprobs]
+    tops = [t for part in [prompt_part, *sampled] for t in part.top_logprobs]
+    assert len(got) == len(targets)
+    want = expected.gather(1, torch.tensor(targets).unsqueeze(1)).squeeze(1)
+    assert (torch.tensor(got) - want).abs().max().item() <= 1e-3
+    top_want = expected.topk(5, dim=-1).values
+    assert (torch.tensor(tops) - top_want).abs().max().item() <= 1e-3
+
+
 # ---- errors --------------------------------------------------------------------------------
 
 

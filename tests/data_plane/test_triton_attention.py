@@ -27,6 +27,7 @@ from data_plane.engine.llm import build_engine, generate  # noqa: E402
 from data_plane.engine.model_runner import (  # noqa: E402
     BatchItem,
     ModelRunner,
+    PromptRows,
     resolve_attention_backend,
 )
 from data_plane.engine.request import Request  # noqa: E402
@@ -83,7 +84,7 @@ def _case(block_size: int, heads: tuple[int, int], head_dim: int, dtype: torch.d
     model = _model(heads[0], heads[1], head_dim)
     runner = ModelRunner(model, block_size, "cpu", attention_backend="torch")
     items, num_blocks = _items(block_size, generator)
-    _, _, ref_meta, _, _ = runner._prepare(items)
+    _, _, ref_meta, _, _ = runner._prepare(items, PromptRows([], []))
     batch, _ = runner.host_batch(items)
     _, _, tri_meta, _ = paged_metadata(
         batch, block_size, runner.rows_per_block, heads[0] // heads[1], torch.device(DEVICE)

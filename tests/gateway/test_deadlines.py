@@ -5,7 +5,9 @@ completes while the rest get 429 + Retry-After at once.
 
 tiny-random (its context is 4096 tokens, not the issue's 8,000) in 32-token steps, so that a
 4,000-token prompt's prefill takes seconds, with a 1 s first-token floor and a 3 s gap bound:
-the old fixed timeout, counting prefill and queueing, ends these requests with 504."""
+the old fixed timeout, counting prefill and queueing, ends these requests with 504. The rate
+is measured on short prompts, so it predicts long ones too fast (7,700 tokens/s measured, a
+4,000-token prefill at ~1,900): the slack covers that."""
 
 from __future__ import annotations
 
@@ -31,13 +33,15 @@ from shared.protocol import WorkerStatus
 from tests.served import Served, embedded_redis, serve
 
 MAX_QUEUED_WORK_S = 3.0
+FIRST_TOKEN_FLOOR_S = 1.0
 ENV = {
-    "SUPERINFER_FIRST_TOKEN_TIMEOUT_S": "1",
+    "SUPERINFER_FIRST_TOKEN_TIMEOUT_S": str(FIRST_TOKEN_FLOOR_S),
     "SUPERINFER_TOKEN_TIMEOUT_S": "3",  # the old code's bound on the first token too
     "SUPERINFER_MAX_QUEUED_WORK_S": str(MAX_QUEUED_WORK_S),
 }
 ARGS = ["--model", "tiny-random", "--max-model-len", "4096", "--max-num-batched-tokens", "32"]
 LONG_TOKENS = 4000  # bytes: tiny-random's tokenizer makes a token of each
+NUM_LONG = 10  # 40,000 prompt tokens: over the 3 s bound below 13,000 tokens/s (7,700 seen)
 BURST = 300
 
 
@@ -115,22 +119,30 @@ def _read_event(event: dict[str, Any], result: _Result) -> None:
         result.finish_reason = event["choices"][0]["finish_reason"]
 
 
-async def test_a_long_prompt_gets_its_predicted_prefill_or_429_at_once(
+async def test_long_prompts_get_their_predicted_prefill_or_429_at_once(
     slow_prefill: Served,
 ) -> None:
+    """Ten 4,000-token prompts at once: those within the work bound are admitted and all
+    complete, each allowed its predicted prefill and the queue's ahead of it (the last ones
+    wait seconds past the 1 s floor: the floor alone was a 504); the rest get 429 at once."""
     async with httpx.AsyncClient(base_url=slow_prefill.url, timeout=120) as client:
-        first = asyncio.create_task(_stream(client, _prompt(LONG_TOKENS), 4))
-        await asyncio.sleep(0.5)  # queued behind its prefill: predicted well over the bound
-        second = await _stream(client, _prompt(LONG_TOKENS), 4)
-        long_one = await first
-    elapsed_s = long_one.elapsed_s
+        outcomes = await asyncio.gather(
+            *(_stream(client, _prompt(LONG_TOKENS), 4) for _ in range(NUM_LONG))
+        )
     rate = _worker(slow_prefill)["prefill_tokens_per_s"]
-    print(f"4,000-token prompt: {elapsed_s:.1f} s ({rate:.0f} prompt tokens/s measured)")
-    assert long_one.completed and long_one.num_tokens == 4, long_one
-    assert elapsed_s > 3.0  # more than the old code's fixed timeout: that was a 504
-    assert second.status == 429 and second.code == "queue_full", second
-    assert second.elapsed_s < 1.0  # at once, not a minute later
-    assert second.retry_after_s >= 2  # the predicted seconds over the bound
+    admitted = [o for o in outcomes if o.status == 200]
+    refused = [o for o in outcomes if o.status == 429]
+    slowest_s = max((o.elapsed_s for o in admitted), default=0.0)
+    print(
+        f"{NUM_LONG} 4,000-token prompts: {len(admitted)} admitted, the slowest done in "
+        f"{slowest_s:.1f} s; {len(refused)} got 429 ({rate:.0f} prompt tokens/s measured)"
+    )
+    assert len(admitted) + len(refused) == NUM_LONG
+    assert admitted and refused
+    assert all(o.completed and o.num_tokens == 4 for o in admitted), admitted
+    assert slowest_s > FIRST_TOKEN_FLOOR_S  # past the floor: only the allowance kept it
+    assert all(o.code == "queue_full" and o.retry_after_s >= 1 for o in refused), refused
+    assert max(o.elapsed_s for o in refused) < 2.0  # at once, not a minute later
 
 
 async def test_a_burst_every_admitted_request_completes(slow_prefill: Served) -> None:

@@ -25,7 +25,7 @@ TEXTS = ["", "Once", ' a "quoted" \\ path', "caf\u00e9 \U0001f600", "line\u2028s
 @pytest.mark.parametrize("include_usage", [False, True])
 @pytest.mark.parametrize("chat", [False, True])
 def test_chunks_are_the_bytes_json_dumps_gives(chat: bool, include_usage: bool) -> None:
-    build = _chat_chunk(HEAD) if chat else _completion_chunk(HEAD)
+    build = _chat_chunk(HEAD, 0) if chat else _completion_chunk(HEAD, 0)
     chunks = ChunkFormat(build, include_usage)
     for text in TEXTS:
         for reason in (None, "stop", "length"):

@@ -27,7 +27,6 @@ BASE = {
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 BOTH = [
     ("response_format", {"type": "json_object"}),
-    ("n", 2),
     ("best_of", 3),
     ("skip_special_tokens", False),
     ("store", True),
@@ -39,7 +38,6 @@ BOTH = [
     ("guided_regex", "a+"),
     ("guided_choice", ["yes", "no"]),
     ("guided_grammar", "root ::= 'a'"),
-    ("prompt_logprobs", 1),
 ]
 CASES = [
     *((CHAT, f, v) for f, v in BOTH),
@@ -48,17 +46,12 @@ CASES = [
     (CHAT, "tool_choice", {"type": "function", "function": {"name": "f"}}),
     (CHAT, "functions", [TOOL["function"]]),
     (CHAT, "function_call", {"name": "f"}),
-    (CHAT, "logprobs", True),
-    (CHAT, "top_logprobs", 2),
     (CHAT, "modalities", ["text", "audio"]),
     (CHAT, "audio", {"voice": "alloy", "format": "wav"}),
     (CHAT, "prediction", {"type": "content", "content": "Tim"}),
     (CHAT, "reasoning_effort", "low"),
     (CHAT, "web_search_options", {"search_context_size": "low"}),
     *((COMPLETIONS, f, v) for f, v in BOTH),
-    (COMPLETIONS, "logprobs", 1),
-    (COMPLETIONS, "logprobs", 0),  # still asks for the chosen tokens' log probabilities
-    (COMPLETIONS, "echo", True),
     (COMPLETIONS, "suffix", " The end."),
 ]
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -96,7 +89,6 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "suffix": None,
         "spaces_between_special_tokens": False,
         "metadata": {},
-        "prompt_logprobs": 0,
     },
 }
 
