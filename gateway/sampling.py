@@ -4,6 +4,8 @@ the context-length check and the class and priority the caller is served at."""
 
 from __future__ import annotations
 
+import json
+
 from fastapi import Request
 
 from gateway.errors import APIError
@@ -12,7 +14,7 @@ from gateway.openai_models import ChatCompletionRequest, CompletionRequest, Samp
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from gateway.tenancy import Caller, served_class, served_priority
-from shared.sampling import SamplingParams
+from shared.sampling import SamplingParams, StructuredOutput
 
 
 def generation_params(
@@ -83,6 +85,79 @@ def _logit_bias(bias: dict[str, object] | None) -> tuple[tuple[int, ...], tuple[
     return tuple(ids), tuple(values)
 
 
+# vLLM's structured_outputs keys -> our kinds (json_object: any JSON object)
+_VLLM_KEYS = {"json": "json", "regex": "regex", "choice": "choice", "grammar": "grammar"}
+
+
+def _as_structured(kind: str, value: object, param: str) -> StructuredOutput:
+    """One field's structured output; 400 naming ``param`` when it is not of its kind's
+    type (a schema: an object or its JSON text; a regex or grammar: text; a choice: a list
+    of strings)."""
+    if kind == "json" and isinstance(value, dict):
+        return StructuredOutput("json", json.dumps(value))
+    if (
+        kind == "choice"
+        and isinstance(value, list)
+        and value
+        and all(isinstance(c, str) for c in value)
+    ):
+        return StructuredOutput("choice", json.dumps(value))
+    if kind in ("json", "regex", "grammar") and isinstance(value, str) and value:
+        return StructuredOutput(kind, value)
+    raise APIError(400, f"{param}: not a valid {kind} structured output", param=param)
+
+
+def structured_output(body: SamplingFields) -> StructuredOutput | None:
+    """The request's structured output, from OpenAI's ``response_format`` (``json_object``,
+    ``json_schema``) or vLLM's ``structured_outputs`` / ``guided_*``: at most one of them."""
+    found: list[StructuredOutput] = []
+    fmt = body.response_format
+    if fmt is not None:
+        found.extend(_response_format(fmt))
+    for kind in ("json", "regex", "choice", "grammar"):
+        value = getattr(body, f"guided_{kind}")
+        if value is not None:
+            found.append(_as_structured(kind, value, f"guided_{kind}"))
+    if body.structured_outputs is not None:
+        found.append(_vllm_structured(body.structured_outputs))
+    if len(found) > 1:
+        raise APIError(400, "more than one structured output asked for", param="response_format")
+    return found[0] if found else None
+
+
+def _response_format(fmt: object) -> list[StructuredOutput]:
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return []
+    if kind == "json_object":
+        return [StructuredOutput("json", '{"type": "object"}')]
+    if kind == "json_schema" and isinstance(fmt, dict):
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        return [_as_structured("json", schema, "response_format")]
+    raise APIError(
+        400,
+        "response_format is {type: text | json_object | json_schema (with json_schema.schema)}",
+        param="response_format",
+    )
+
+
+def _vllm_structured(params: object) -> StructuredOutput:
+    """vLLM's ``structured_outputs``: one of json, regex, choice, grammar, json_object."""
+    if isinstance(params, dict):
+        given = {k: v for k, v in params.items() if v not in (None, False)}
+        if given == {"json_object": True}:
+            return StructuredOutput("json", '{"type": "object"}')
+        if len(given) == 1 and next(iter(given)) in _VLLM_KEYS:
+            ((key, value),) = given.items()
+            return _as_structured(_VLLM_KEYS[key], value, f"structured_outputs.{key}")
+    raise APIError(
+        400,
+        "structured_outputs takes one of json, regex, choice, grammar or json_object",
+        param="structured_outputs",
+    )
+
+
 def check_choices(body: SamplingFields) -> None:
     """What the choices of one response may not combine: vLLM's prompt_logprobs come whole,
     not streamed."""
@@ -119,6 +194,7 @@ def sampling_params(
         raise APIError(400, "too many or too long stop strings", param="stop")
     bias_ids, bias_values = _logit_bias(body.logit_bias)
     logprobs, prompt_logprobs = _logprobs(body)
+    structured = structured_output(body)
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -139,6 +215,7 @@ def sampling_params(
             logit_bias_values=bias_values,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            structured=structured,
         )
     except ValueError as exc:
         raise APIError(400, str(exc)) from exc

@@ -10,6 +10,22 @@ from dataclasses import dataclass
 
 from shared.logprobs import MAX_LOGPROBS
 
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """What every output must match: ``kind`` "json" (``spec``: a JSON schema), "regex",
+    "choice" (``spec``: a JSON list of the strings allowed) or "grammar" (EBNF, xgrammar's
+    dialect of GBNF). The worker compiles it; one it cannot compile is the client's 400."""
+
+    kind: str
+    spec: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_KINDS:
+            raise ValueError(f"structured output kind must be one of {STRUCTURED_KINDS}")
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -43,6 +59,7 @@ class SamplingParams:
     # is computed whole, as in vLLM).
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    structured: StructuredOutput | None = None  # structured outputs: tokens outside it masked
 
     @property
     def penalized(self) -> bool:

@@ -38,6 +38,13 @@ class ByteTokenizer:
         raw = bytes(t - self.offset for t in token_ids if self.offset <= t < self.offset + 256)
         return raw.decode("utf-8", errors="replace")
 
+    def token_bytes(self, vocab_size: int) -> list[bytes]:
+        """Each id's bytes in decoded text (b"" for ids that decode to nothing)."""
+        return [
+            bytes([t - self.offset]) if self.offset <= t < self.offset + 256 else b""
+            for t in range(vocab_size)
+        ]
+
 
 _MAX_CACHED_PAIRS = 1 << 16  # (left, right) -> merged token, per tokenizer: a few MB at most
 
@@ -152,6 +159,17 @@ class Llama2cTokenizer:
             out += piece
             previous = token
         return out.decode("utf-8", errors="replace")
+
+    def token_bytes(self, vocab_size: int) -> list[bytes]:
+        """Each id's bytes in decoded text (b"" for the special ids 0-2 and past the vocabulary;
+        a leading space stays: text after BOS loses it only at the very start)."""
+        out = []
+        for token in range(vocab_size):
+            piece = self.vocab[token] if 2 < token < len(self.vocab) else b""
+            if piece.startswith(b"<0x") and piece.endswith(b">") and len(piece) == 6:
+                piece = bytes([int(piece[3:5], 16)])
+            out.append(piece)
+        return out
 
 
 # ---- what a gateway needs of a model: its tokenizer and chat template, no weights ----------

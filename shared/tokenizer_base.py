@@ -49,6 +49,12 @@ class HFTokenizer:
     def decode(self, token_ids: list[int]) -> str:
         return str(self._tok.decode(token_ids, skip_special_tokens=True))
 
+    @property
+    def fast(self) -> Any:
+        """The ``tokenizers.Tokenizer`` itself (structured outputs build their vocabulary from
+        it)."""
+        return self._tok
+
 
 @dataclass(frozen=True, slots=True)
 class TokenizerBundle:

@@ -36,6 +36,7 @@ from shared.policy import (
 from shared.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # the KV layer holds torch tensors; the loop itself needs no torch
+    from data_plane.engine.structured import Grammars
     from data_plane.kv.manager import KVEvent
     from data_plane.kv.tiered import KVCacheManager
 
@@ -81,10 +82,12 @@ class Engine:
         vocab_size: int | None = None,
         columnar: bool = False,
         keep_columns: bool = False,
+        grammars: Grammars | None = None,
     ) -> None:
         """``columnar``: give the planner :class:`ColumnarSnapshot` (for the columnar LVF)
         instead of views. ``keep_columns``: return each iteration's snapshot as columns too
-        (:attr:`StepResult.columns`, the worker's wire snapshot)."""
+        (:attr:`StepResult.columns`, the worker's wire snapshot). ``grammars``: compiles
+        requests' structured outputs (without it, a request asking for one is refused)."""
         self.executor = executor
         self.kv = kv
         self.planner = planner
@@ -99,6 +102,7 @@ class Engine:
         self.vocab_size = vocab_size
         self.columnar = columnar
         self.keep_columns = keep_columns
+        self.grammars = grammars
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
         self.views = PolicyViews(kv)
@@ -158,6 +162,10 @@ class Engine:
             slo_ttft_s=slo_ttft_s,
             slo_tbt_s=slo_tbt_s,
         )
+        if params.structured is not None:
+            if self.grammars is None:
+                raise RequestError("this engine serves no structured outputs")
+            request.grammar = self.grammars.matcher(params.structured)
         if params.prompt_logprobs is None:  # else its whole prompt is computed: no cache hit
             request.block_keys = self.kv.prefix_keys(request.prompt_token_ids)
         eos_ids = () if params.ignore_eos else self.eos_token_ids
@@ -383,6 +391,10 @@ class Engine:
             reason, delta = check_stop(
                 request, token, self.eos_token_ids, self.max_model_len, self.tokenizer
             )
+            if request.grammar is not None:
+                request.grammar.accept_token(token)  # the mask allowed only what it accepts
+                if reason is None and request.grammar.is_terminated():
+                    reason = FinishReason.STOP  # the grammar is complete
             if reason is not None:
                 self._finish(request, reason)
             outputs.append(

@@ -16,6 +16,7 @@ from data_plane.engine.model_runner import ModelRunner
 from data_plane.engine.request import FinishReason, RequestError
 from data_plane.engine.sampling import SamplingParams
 from data_plane.engine.sizing import size_hbm_pool, validate_max_model_len
+from data_plane.engine.structured import Grammars
 from data_plane.kv.geometry import KVGeometry
 from data_plane.kv.host_pool import (
     ChunkedPinner,
@@ -96,6 +97,7 @@ def build_engine(
         vocab_size=model_cfg.vocab_size,
         columnar=serving is not None,  # the worker's planner works on columns
         keep_columns=serving is not None,  # the wire snapshot, from the queues' columns
+        grammars=Grammars(loaded.tokenizer, model_cfg.vocab_size, model_cfg.eos_token_ids),
     )
 
 

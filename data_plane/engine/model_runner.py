@@ -22,6 +22,7 @@ from data_plane.engine.logprobs import token_logprobs
 from data_plane.engine.request import Request
 from data_plane.engine.sampler import Sampler
 from data_plane.engine.sampling import SamplingRow
+from data_plane.engine.structured import mask_logits
 from data_plane.models.attention import AttentionMetadata
 from data_plane.models.llama import LlamaModel
 from data_plane.models.triton_attention import (
@@ -128,7 +129,8 @@ class ModelRunner:
             SamplingRow.of(r.params, r.prompt_token_ids, r.output_token_ids, r.stop_ids)
             for r in requests
         ]
-        tokens = self.sampler.sample(logits[:num_sampled], rows)
+        allowed = mask_logits(logits[:num_sampled], [r.grammar for r in requests])
+        tokens = self.sampler.sample(allowed, rows)
         sampled = Sampled({r.request_id: t for r, t in zip(requests, tokens, strict=True)})
         _sampled_logprobs(logits[:num_sampled], requests, tokens, sampled)
         _prompt_logprobs(logits[num_sampled:], prompt_rows, sampled)

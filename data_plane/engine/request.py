@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from data_plane.engine.sampling import SamplingParams
 from shared.detokenizer import IncrementalDetokenizer
@@ -95,6 +96,9 @@ class Request:
     # go out with the first token (then None; a recompute after preemption adds none again).
     prompt_logprobs: list[TokenLogprobs] | None = None
     num_prompt_logprobs: int = 0  # prompt tokens (from index 1) in prompt_logprobs
+    # With params.structured: its xgrammar matcher (data_plane/engine/structured.py), advanced
+    # by the engine with each token; the runner reads it for the step's allowed tokens.
+    grammar: Any = None
 
     def record_prompt_logprobs(self, first_index: int, values: TokenLogprobs) -> None:
         """Prompt tokens ``first_index ..`` predicted by a chunk; those already recorded (a

@@ -24,7 +24,8 @@ SCHEMA_VERSION = 10  # 2: columnar RequestTable snapshots; 3: TokenOutput.error_
 # worker's LVF residency in force (StateSnapshot.lvf_min_residency_s); 8: SamplingParams carries
 # min_tokens, min_p and include_stop_str_in_output; 9: WorkerStatus carries the measured speed
 # (prefill_tokens_per_s, decode_step_s); 10: SamplingParams asks for logprobs and
-# prompt_logprobs, TokenOutput carries them (shared.logprobs.TokenLogprobs)
+# prompt_logprobs, TokenOutput carries them (shared.logprobs.TokenLogprobs), SamplingParams
+# carries structured outputs (shared.sampling.StructuredOutput)
 T = TypeVar("T")
 _REGISTRY: dict[str, type] = {}
 _HINTS: dict[type, list[tuple[str, Any]]] = {}

@@ -26,18 +26,12 @@ BASE = {
 }
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 BOTH = [
-    ("response_format", {"type": "json_object"}),
     ("best_of", 3),
     ("skip_special_tokens", False),
     ("store", True),
     ("metadata", {"team": "a"}),
     ("service_tier", "flex"),
     ("parallel_tool_calls", True),
-    ("structured_outputs", {"json": {"type": "object"}}),
-    ("guided_json", {"type": "object"}),
-    ("guided_regex", "a+"),
-    ("guided_choice", ["yes", "no"]),
-    ("guided_grammar", "root ::= 'a'"),
 ]
 CASES = [
     *((CHAT, f, v) for f, v in BOTH),

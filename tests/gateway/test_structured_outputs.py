@@ -1,0 +1,128 @@
+"""Structured outputs through the whole system (stories260K behind ``serve``, which knows no
+JSON): 50 samples at temperature 1 for each of three schemas (nested object, enum, array) all
+parse and validate with jsonschema (an independent validator); vLLM's guided_choice / regex /
+grammar and ``structured_outputs`` hold too, streamed as well; what cannot compile is a 400."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+from openai import BadRequestError, OpenAI
+
+from tests.served import Served
+
+MODEL = "stories260K"
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "nested": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "home": {
+                "type": "object",
+                "properties": {
+                    "city": {"enum": ["Oslo", "Lima", "Pune"]},
+                    "zip": {"type": "string", "pattern": "^[0-9]{4}$"},
+                },
+                "required": ["city", "zip"],
+                "additionalProperties": False,
+            },
+        },
+        "required": ["name", "age", "home"],
+        "additionalProperties": False,
+    },
+    "enum": {"enum": ["red", "green", "blue", 7, None]},
+    "array": {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 4},
+}
+
+
+@pytest.fixture
+def client(served: Served) -> OpenAI:
+    return OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_fifty_samples_of_each_schema_validate(client: OpenAI, name: str) -> None:
+    schema = SCHEMAS[name]
+    response_format: Any = {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+    out = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Tell me"}], n=50, temperature=1.0,
+        max_tokens=96, seed=1, response_format=response_format,
+    )  # fmt: skip
+    assert len(out.choices) == 50
+    values = []
+    for choice in out.choices:
+        assert choice.finish_reason == "stop", choice.message.content  # complete, not cut
+        value = json.loads(choice.message.content or "")
+        jsonschema.validate(value, schema)
+        values.append(json.dumps(value))
+    assert len(set(values)) > 1  # sampled, not one forced answer
+
+
+def test_vllm_fields_and_streaming(served: Served, client: OpenAI) -> None:
+    prompt = "Once upon a time"
+    choice = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=16, temperature=1.0, seed=2,
+        extra_body={"guided_choice": ["yes", "no", "maybe so"]},
+    )  # fmt: skip
+    assert choice.choices[0].text in {"yes", "no", "maybe so"}
+    regex = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=16, temperature=1.0, seed=3,
+        extra_body={"structured_outputs": {"regex": "[A-Z][a-z]{2,5} [0-9]{2}"}},
+    )  # fmt: skip
+    assert re.fullmatch(r"[A-Z][a-z]{2,5} [0-9]{2}", regex.choices[0].text)
+    grammar = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=16, temperature=1.0, seed=4,
+        extra_body={"guided_grammar": 'root ::= "Tim" | "Tim and " name\nname ::= "Sue" | "Max"'},
+    )  # fmt: skip
+    assert re.fullmatch(r"Tim( and (Sue|Max))?", grammar.choices[0].text)
+    text, schema = "", SCHEMAS["nested"]
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Go"}], temperature=1.0, seed=5,
+        max_tokens=96, stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+    )  # fmt: skip
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+    jsonschema.validate(json.loads(text), schema)
+    unbounded = client.chat.completions.create(  # any JSON object (strings of any length)
+        model=MODEL, messages=[{"role": "user", "content": "Go"}], temperature=0.0,
+        max_tokens=200, response_format={"type": "json_object"},
+    )  # fmt: skip
+    if unbounded.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(unbounded.choices[0].message.content or ""), dict)
+    else:  # cut by max_tokens: still a prefix of an object
+        assert (unbounded.choices[0].message.content or "").startswith("{")
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"guided_regex": "([a-z"}, None),  # does not compile: the worker's 400
+        ({"guided_choice": []}, "guided_choice"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
+        ({"guided_json": {"type": "object"}, "guided_regex": "a"}, "response_format"),
+    ],
+)
+def test_what_cannot_be_served_is_a_400(served: Served, extra: dict[str, Any], param: Any) -> None:
+    body = {"model": MODEL, "prompt": "Tim", "max_tokens": 4, **extra}
+    response = httpx.post(f"{served.url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    if param is not None:
+        assert response.json()["error"]["param"] == param
+
+
+def test_the_openai_client_sees_a_bad_schema_as_a_bad_request(client: OpenAI) -> None:
+    bad: Any = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
+    with pytest.raises(BadRequestError):
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Go"}], max_tokens=4,
+            response_format=bad,
+        )  # fmt: skip
