@@ -59,11 +59,12 @@ class ChatRenderer:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         kwargs: Mapping[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """The prompt; with ``continue_final_message`` it ends inside the last message, for
-        the model to go on with it."""
+        the model to go on with it; ``tools`` for templates that render them."""
         if self._template is None:
-            return _default(messages, add_generation_prompt)
+            return _default(messages, add_generation_prompt, tools)
         if kwargs and "messages" in kwargs:
             raise ChatTemplateError(
                 "chat_template_kwargs cannot set 'messages'", "chat_template_kwargs"
@@ -74,7 +75,7 @@ class ChatRenderer:
         variables = {
             "bos_token": self.bundle.bos_token,
             "eos_token": self.bundle.eos_token,
-            "tools": None,
+            "tools": tools,
             "documents": None,
             "add_generation_prompt": add_generation_prompt,
             **(kwargs or {}),
@@ -119,11 +120,24 @@ def _cut_at_tag(text: str) -> str:
     return text[:where].rstrip()  # the template trimmed the message: trim what precedes too
 
 
-def _default(messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-    """A plain transcript for models without a template (e.g. stories260K)."""
-    if len(messages) == 1 and messages[0]["role"] == "user" and not add_generation_prompt:
+def _default(
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool,
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    """A plain transcript for models without a template (e.g. stories260K): the tools and a
+    message's tool calls as JSON lines."""
+    if (
+        len(messages) == 1
+        and messages[0]["role"] == "user"
+        and not add_generation_prompt
+        and not tools
+    ):
         return str(messages[0]["content"])
-    lines = [f"{m['role']}: {m['content']}" for m in messages]
+    lines = [f"tools: {json.dumps(tools)}"] if tools else []
+    for m in messages:
+        calls = f" tool_calls: {json.dumps(m['tool_calls'])}" if m.get("tool_calls") else ""
+        lines.append(f"{m['role']}: {m['content']}{calls}")
     if add_generation_prompt:
         lines.append("assistant:")
     return "\n".join(lines)

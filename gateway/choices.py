@@ -22,6 +22,7 @@ from gateway.errors import APIError
 from gateway.generation import KEEPALIVE, Delta, Generation
 from gateway.logprobs_format import CompletionLogprobs, Decode, chat_content
 from gateway.sse import KEEPALIVE_EVENT, ChunkBuilder, ChunkFormat
+from gateway.tools import ToolStream
 
 _DONE = object()  # a choice's stream ended
 
@@ -172,6 +173,7 @@ class ChoiceStream:
     build: ChunkBuilder
     first: dict[str, Any] | None = None
     chunk_logprobs: ChunkLogprobs | None = None
+    tools: ToolStream | None = None  # chat under a tool plan: calls held, then sent whole
 
     async def events(self, chunks: ChunkFormat, keepalive_s: float | None) -> AsyncIterator[bytes]:
         if self.first is not None:
@@ -192,8 +194,31 @@ class ChoiceStream:
                     yield chunks.delta("", delta.finish_reason)
                 continue
             logprobs = None if self.chunk_logprobs is None else self.chunk_logprobs(delta)
-            if delta.text or delta.finish_reason:
+            if self.tools is not None:
+                for event in self._tool_events(chunks, delta, logprobs):
+                    yield event
+            elif delta.text or delta.finish_reason:
                 yield self._chunk(chunks, delta.text, delta.finish_reason, logprobs)
+
+    def _tool_events(self, chunks: ChunkFormat, delta: Delta, logprobs: Any) -> list[bytes]:
+        """Content as the tool stream releases it; at the end the held rest, the calls as
+        one ``tool_calls`` delta, and the finish (``tool_calls`` when there were calls)."""
+        assert self.tools is not None
+        text = self.tools.feed(delta.text)
+        if not delta.finish_reason:
+            return [self._chunk(chunks, text, None, logprobs)] if text or logprobs else []
+        rest, calls = self.tools.finish(delta.finish_reason)
+        events = []
+        if text + rest or logprobs:
+            events.append(self._chunk(chunks, text + rest, None, logprobs))
+        if calls:
+            chunk = self.build("", None)
+            chunk["choices"][0]["delta"] = {
+                "tool_calls": [call.as_openai(i) for i, call in enumerate(calls)]
+            }
+            events.append(chunks.event(chunk))
+        events.append(chunks.delta("", "tool_calls" if calls else delta.finish_reason))
+        return events
 
     def _echo_logprobs(self) -> Any:
         return None if self.chunk_logprobs is None else self.chunk_logprobs.echo(self.choice)

@@ -85,7 +85,6 @@ class SamplingFields(BaseModel):
     store: Any = None
     metadata: Any = None
     service_tier: Any = None
-    parallel_tool_calls: Any = None
     structured_outputs: Any = None
     guided_json: Any = None
     guided_regex: Any = None
@@ -107,8 +106,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
-    tool_calls: list[Any] | None = None  # in a history: refused (no tools), not dropped
-    tool_call_id: str | None = None
+    tool_calls: list[Any] | None = None  # an assistant's calls, in a history
+    tool_call_id: str | None = None  # a tool message's answer to that call
 
     _text = field_validator("content", "name")(valid_unicode)
 
@@ -125,8 +124,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool | None = None
     top_logprobs: NumLogprobs | None = None
-    tools: list[Any] | None = None
+    tools: Annotated[list[Any], Field(max_length=128)] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     function_call: Any = None
     add_generation_prompt: bool = True
@@ -140,8 +140,7 @@ class ChatCompletionRequest(SamplingFields):
 
     _kwargs_text = field_validator("chat_template_kwargs")(valid_unicode)
 
-    def template_messages(self) -> list[dict[str, Any]]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+    _tools_text = field_validator("tools", "tool_choice")(valid_unicode)
 
 
 class CompletionRequest(SamplingFields):

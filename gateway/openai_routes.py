@@ -33,7 +33,9 @@ from gateway.sse import ChunkBuilder, ChunkFormat, SseResponse
 from gateway.state import GatewayState
 from gateway.tenancy import admit, authenticate
 from gateway.tokenize_routes import router as tokenize_router
+from gateway.tools import ToolPlan, ToolStream, assistant_message, plan_tools, template_tools
 from gateway.unsupported import reject_unsupported
+from shared.sampling import StructuredOutput
 
 router = APIRouter()
 router.include_router(tokenize_router)  # /tokenize, /detokenize, /version, /ping
@@ -69,8 +71,12 @@ async def chat_completions(
 ) -> JSONResponse | SseResponse:
     state = _state(request)
     max_tokens = body.max_completion_tokens or body.max_tokens
-    prompts = _batch_of_one(state.prompts.chat_completion(body))
-    choices = await _admit_and_start(state, request, body, prompts, max_tokens, "chatcmpl")
+    plan = _tool_plan(state, body)
+    tools = template_tools(body) if plan.render else None
+    prompts = _batch_of_one(state.prompts.chat_completion(body, tools))
+    choices = await _admit_and_start(
+        state, request, body, prompts, max_tokens, "chatcmpl", plan.structured
+    )
     request_id, decode = choices[0].generation.request_id, state.prompts.token_text
     head = {"id": request_id, "created": int(time.time()), "model": state.model_name}
     if body.stream:
@@ -80,6 +86,7 @@ async def chat_completions(
                 _chat_chunk(head, c.index),
                 first={"role": "assistant", "content": ""},
                 chunk_logprobs=ChatChunkLogprobs(decode) if body.logprobs else None,
+                tools=ToolStream(plan) if plan.calls_tools else None,
             )
             for c in choices
         ]
@@ -87,9 +94,8 @@ async def chat_completions(
     await collect(choices, request)
     response: dict[str, Any] = {**head, "object": "chat.completion", "choices": []}
     for c in choices:
-        message = {"role": "assistant", "content": c.text}
+        message, reason = assistant_message(plan, c.text, c.generation.finish_reason)
         logprobs = c.chat_logprobs(decode) if body.logprobs else None
-        reason = c.generation.finish_reason
         response["choices"].append(
             {"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": reason}
         )
@@ -144,6 +150,16 @@ def fast_routes() -> FastRoutes:
     }
 
 
+def _tool_plan(state: GatewayState, body: ChatCompletionRequest) -> ToolPlan:
+    """The request's tool plan (a refusal counted like the others)."""
+    settings = state.settings
+    try:
+        return plan_tools(body, settings.enable_auto_tool_choice, settings.tool_call_parser)
+    except APIError as exc:
+        state.metrics.rejected.labels(str(exc.status_code)).inc()
+        raise
+
+
 async def _batch_of_one(prompt: Coroutine[Any, Any, list[int]]) -> list[list[int]]:
     return [await prompt]
 
@@ -155,6 +171,7 @@ async def _admit_and_start(
     prompts: Coroutine[Any, Any, list[list[int]]],
     max_tokens: int | None,
     id_prefix: str,
+    tool_structured: StructuredOutput | None = None,
 ) -> list[Choice]:
     """Everything before the first token, in order: fields we do not serve, the caller (its
     key before anything costly), the prompts, the parameters, routing and submit. A refusal on
@@ -177,7 +194,8 @@ async def _admit_and_start(
                 param="n" if n > 1 else "prompt",
             )
         params = [
-            generation_params(state, request, body, caller, p, max_tokens) for p in prompt_ids
+            generation_params(state, request, body, caller, p, max_tokens, tool_structured)
+            for p in prompt_ids
         ]
         return await _start_choices(state, f"{id_prefix}-{uuid.uuid4().hex}", params, n)
     except APIError as exc:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from gateway.chat import ChatRenderer, ChatTemplateError
 from gateway.errors import APIError
 from gateway.openai_models import ChatCompletionRequest
+from gateway.tools import history_messages
 from shared.tokenizer import Tokenizer
 
 T = TypeVar("T")
@@ -46,15 +47,17 @@ class PromptEncoder:
         encoded = iter(await self._off_loop(self._encode_all, texts) if texts else [])
         return [next(encoded) if isinstance(p, str) else list(p) for p in prompt]
 
-    async def chat_completion(self, body: ChatCompletionRequest) -> list[int]:
-        """A chat's messages through the chat template, then tokenized (BOS only without a
-        template: templates write their own)."""
+    async def chat_completion(
+        self, body: ChatCompletionRequest, tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """A chat's messages (and ``tools``, for the template to render) through the chat
+        template, then tokenized (BOS only without a template: templates write their own)."""
         if body.continue_final_message and body.add_generation_prompt:
             message = "continue_final_message needs add_generation_prompt: false"
             raise APIError(400, message, param="continue_final_message")
-        messages = body.template_messages()
+        messages = history_messages(body)
         self._check_chars(sum(len(m["content"]) for m in messages), "messages")
-        return await self._off_loop(self._render_and_encode, body, messages)
+        return await self._off_loop(self._render_and_encode, body, messages, tools)
 
     async def text(self, text: str, add_special_tokens: bool) -> list[int]:
         """``text`` tokenized as is (``/tokenize``): BOS only with ``add_special_tokens``."""
@@ -72,7 +75,10 @@ class PromptEncoder:
     # ---- on a tokenizer thread ----------------------------------------------------------
 
     def _render_and_encode(
-        self, body: ChatCompletionRequest, messages: list[dict[str, Any]]
+        self,
+        body: ChatCompletionRequest,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
     ) -> list[int]:
         try:
             text = self.chat.render(
@@ -80,6 +86,7 @@ class PromptEncoder:
                 body.add_generation_prompt,
                 body.continue_final_message,
                 body.chat_template_kwargs,
+                tools,
             )
         except ChatTemplateError as exc:
             raise APIError(400, str(exc), param=exc.param) from exc

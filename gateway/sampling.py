@@ -24,6 +24,7 @@ def generation_params(
     caller: Caller,
     prompt_ids: list[int],
     max_tokens: int | None,
+    tool_structured: StructuredOutput | None = None,
 ) -> GenerationParams:
     """The parameters of one generation; 400 for a prompt past the context, 503 with no
     worker to size it against."""
@@ -36,7 +37,7 @@ def generation_params(
     return GenerationParams(
         prompt_token_ids=prompt_ids,
         sampling=sampling_params(body, _max_tokens(max_tokens, len(prompt_ids), max_model_len),
-                                 state.settings),
+                                 state.settings, tool_structured),
         slo=slo,
         priority=served_priority(caller, body.priority),
         tenant=caller.tenant,
@@ -182,7 +183,10 @@ def _logprobs(body: SamplingFields) -> tuple[int | None, int | None]:
 
 
 def sampling_params(
-    body: SamplingFields, max_tokens: int, settings: GatewaySettings
+    body: SamplingFields,
+    max_tokens: int,
+    settings: GatewaySettings,
+    tool_structured: StructuredOutput | None = None,
 ) -> SamplingParams:
     """The body's sampling fields with OpenAI's defaults (temperature and top_p 1; top_k -1 or
     0 is off, as in vLLM); stop strings within the gateway's limits."""
@@ -195,6 +199,11 @@ def sampling_params(
     bias_ids, bias_values = _logit_bias(body.logit_bias)
     logprobs, prompt_logprobs = _logprobs(body)
     structured = structured_output(body)
+    if tool_structured is not None:  # tool_choice required or a named function
+        if structured is not None:
+            message = "tool_choice required or a named function fixes the output's format"
+            raise APIError(400, message + ": no response_format beside it", "response_format")
+        structured = tool_structured
     try:
         return SamplingParams(
             max_tokens=max_tokens,

@@ -3,7 +3,9 @@ passed down."""
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.model_source import default_model
@@ -69,6 +71,10 @@ class GatewaySettings(BaseSettings):
     # on this many threads, never on the event loop.
     max_prompt_chars: int = Field(default=1_048_576, ge=1)
     tokenizer_threads: int = Field(default=2, ge=1)
+    # Tool calling (gateway/tools.py): tool_choice "auto" needs both (vLLM's flags), the
+    # parser one of hermes, llama3_json; required and named functions need neither.
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: Literal["hermes", "llama3_json"] | None = None
     # choices in one request: prompts of a completions batch x n
     max_choices: int = Field(default=128, ge=1)
     max_stop_strings: int = 8
@@ -112,6 +118,12 @@ class GatewaySettings(BaseSettings):
     http_body_timeout_s: float = Field(default=30.0, gt=0.0)
     http_keep_alive_s: float = Field(default=5.0, gt=0.0)  # an idle connection between requests
     http_max_connections: int = Field(default=4096, ge=1)
+
+    @model_validator(mode="after")
+    def _auto_tools_have_a_parser(self) -> GatewaySettings:
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("enable_auto_tool_choice needs tool_call_parser (hermes, llama3_json)")
+        return self
 
     @field_validator("admin_token")
     @classmethod

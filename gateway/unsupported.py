@@ -13,7 +13,6 @@ from typing import Any
 from pydantic import BaseModel
 
 from gateway.errors import APIError
-from gateway.openai_models import ChatCompletionRequest
 
 Accepts = Callable[[Any], bool]
 
@@ -35,8 +34,6 @@ _EMPTY = _one_of([], {}, "")
 # field -> (accepts, why), in the order they are checked. Fields a request model lacks (echo on
 # chat) are never set on it.
 UNSUPPORTED: dict[str, tuple[Accepts, str]] = {
-    "tools": (_EMPTY, "this server does not call tools"),
-    "tool_choice": (_one_of("none", "auto"), "only 'none' (or 'auto' without tools)"),
     "functions": (_EMPTY, "this server does not call functions"),
     "function_call": (_one_of("none", "auto"), "only 'none' (or 'auto' without functions)"),
     "best_of": (_one_of(1), "only best_of = 1"),
@@ -45,7 +42,6 @@ UNSUPPORTED: dict[str, tuple[Accepts, str]] = {
     "store": (_one_of(False), "completions are not stored"),
     "metadata": (_EMPTY, "completions are not stored"),
     "service_tier": (_one_of("auto", "default"), "one tier; SLO classes are x-slo-class"),
-    "parallel_tool_calls": (_one_of(), "this server does not call tools"),
     "modalities": (_one_of(["text"]), 'only ["text"]'),
     "audio": (_EMPTY, "text only"),
     "prediction": (_EMPTY, "no predicted outputs"),
@@ -60,13 +56,3 @@ def reject_unsupported(body: BaseModel) -> None:
     for name, (accepts, why) in UNSUPPORTED.items():
         if name in fields and not accepts(getattr(body, name)):
             raise APIError(400, f"'{name}' is not supported: {why}", param=name)
-    if not isinstance(body, ChatCompletionRequest):
-        return
-    for index, message in enumerate(body.messages):
-        for name, value in (
-            ("tool_calls", message.tool_calls),
-            ("tool_call_id", message.tool_call_id),
-        ):
-            if not _EMPTY(value):
-                param = f"messages.{index}.{name}"
-                raise APIError(400, f"'{param}' is not supported: no tools", param=param)

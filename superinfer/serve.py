@@ -65,6 +65,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--chat-template", default=None, help="jinja file or inline template")
     parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='tool_choice "auto": the model decides, its calls parsed (needs --tool-call-parser)',
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=("hermes", "llama3_json"),
+        default=None,
+        help="the model family's tool-call format (Hermes/Qwen2.5: hermes; Llama 3.x)",
+    )
+    parser.add_argument(
         "--ready-timeout-s", type=float, default=600.0, help="give up if not ready by then"
     )
     from data_plane.settings import WorkerSettings
@@ -137,6 +148,8 @@ def _gateway_settings(args: argparse.Namespace, redis_url: str, admin_token: str
         served_model_name=args.served_model_name,
         chat_template=args.chat_template,
         admin_token=admin_token,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
     )
 
 

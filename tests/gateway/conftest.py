@@ -30,13 +30,15 @@ def served(stories_path: Path) -> Iterator[Served]:
 def tuned_gateway(
     served: Served, stories_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """A second gateway on the served system (its URL): an SSE keep-alive every 0.2 s and
-    TUNED_TEMPLATE as the chat template."""
+    """A second gateway on the served system (its URL): an SSE keep-alive every 0.2 s,
+    TUNED_TEMPLATE as the chat template, tool_choice "auto" with the hermes parser."""
     path = tmp_path_factory.mktemp("chat-template") / "tuned.jinja"
     path.write_text(TUNED_TEMPLATE)
     env = {
         "SUPERINFER_SSE_KEEPALIVE_S": str(TUNED_KEEPALIVE_S),
         "SUPERINFER_CHAT_TEMPLATE": str(path),
+        "SUPERINFER_ENABLE_AUTO_TOOL_CHOICE": "1",
+        "SUPERINFER_TOOL_CALL_PARSER": "hermes",
     }
     with gateway(served.redis_url, str(stories_path), env) as url:
         yield url

@@ -31,13 +31,9 @@ BOTH = [
     ("store", True),
     ("metadata", {"team": "a"}),
     ("service_tier", "flex"),
-    ("parallel_tool_calls", True),
 ]
 CASES = [
     *((CHAT, f, v) for f, v in BOTH),
-    (CHAT, "tools", [TOOL]),
-    (CHAT, "tool_choice", "required"),
-    (CHAT, "tool_choice", {"type": "function", "function": {"name": "f"}}),
     (CHAT, "functions", [TOOL["function"]]),
     (CHAT, "function_call", {"name": "f"}),
     (CHAT, "modalities", ["text", "audio"]),
@@ -181,19 +177,6 @@ def test_an_unknown_field_is_a_400_naming_it(
         assert response.status_code == 400, (fast, response.text)
         error = response.json()["error"]
         assert error["param"] == param and f"'{param}'" in error["message"]
-
-
-def test_a_history_with_tool_calls_is_refused_not_dropped(served: Served) -> None:
-    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    messages = [
-        {"role": "user", "content": "Tim"},
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "content": "42", "tool_call_id": "c1"},
-    ]
-    for fast in (True, False):
-        response = _post(served, CHAT, {**BASE[CHAT], "messages": messages}, fast)
-        assert response.status_code == 400, response.text
-        assert response.json()["error"]["param"] == "messages.1.tool_calls"
 
 
 def test_vllm_sampling_fields_are_applied(served: Served, client: OpenAI) -> None:

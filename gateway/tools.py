@@ -1,0 +1,279 @@
+"""Tool calling as vLLM serves it: ``tools``, ``tool_choice`` (``none``, ``auto``, ``required``,
+a named function) and ``parallel_tool_calls``.
+
+- ``required`` and a named function are enforced with structured outputs, so the arguments
+  always parse and match the tool's schema: ``required`` generates a JSON array of
+  ``{"name", "parameters"}`` (one item without ``parallel_tool_calls``), a named function its
+  arguments object; the output is then the call(s), whatever the model's own format.
+- ``auto`` (vLLM: ``--enable-auto-tool-choice`` with ``--tool-call-parser``) renders the tools
+  in the chat template and parses the model's own format: ``hermes`` (Hermes, Qwen2.5:
+  ``<tool_call>{"name", "arguments"}</tool_call>``) or ``llama3_json`` (Llama 3.x: a JSON
+  object ``{"name", "parameters"}``, several separated by ``;``). Text before the first call is
+  the message's content; output that does not parse stays content.
+- ``none`` generates text (the tools are not rendered, as vLLM's default)."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import APIError
+from gateway.openai_models import ChatCompletionRequest
+from shared.sampling import StructuredOutput
+
+PARSERS = ("hermes", "llama3_json")
+_HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+HERMES_TAG = "<tool_call>"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+    id: str = field(default_factory=lambda: f"chatcmpl-tool-{uuid.uuid4().hex}")
+
+    def as_openai(self, index: int | None = None) -> dict[str, Any]:
+        call: dict[str, Any] = {"id": self.id, "type": "function"}
+        call["function"] = {"name": self.name, "arguments": self.arguments}
+        return call if index is None else {"index": index, **call}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    """What a chat request's tools make of its generation: ``mode`` none / auto / required /
+    named; ``structured``: the grammar that enforces required and named; ``render``: whether
+    the template gets the tools; ``parser`` for auto; ``named``: the named function."""
+
+    mode: str
+    structured: StructuredOutput | None = None
+    render: bool = False
+    parser: str | None = None
+    named: str | None = None
+
+    @property
+    def calls_tools(self) -> bool:
+        return self.mode != "none"
+
+
+def plan_tools(body: ChatCompletionRequest, auto_enabled: bool, parser: str | None) -> ToolPlan:
+    """The request's tool plan; 400 naming the field for a choice that cannot be served."""
+    tools = body.tools or []
+    functions = {_function(t, i)["name"]: _function(t, i) for i, t in enumerate(tools)}
+    choice = body.tool_choice
+    if choice is None:
+        choice = "auto" if tools else "none"
+    if choice == "none" or not tools:
+        if choice not in ("none", "auto"):
+            raise APIError(400, "tool_choice names a tool but no tools are given", "tool_choice")
+        return ToolPlan("none")
+    if choice == "auto":
+        if not (auto_enabled and parser):
+            raise APIError(
+                400,
+                '"auto" tool choice needs the server started with --enable-auto-tool-choice and '
+                "--tool-call-parser (or tool_choice required / a named function)",
+                param="tool_choice",
+            )
+        return ToolPlan("auto", render=True, parser=parser)
+    if choice == "required":
+        items = [_call_schema(name, f) for name, f in functions.items()]
+        array: dict[str, Any] = {"type": "array", "items": {"anyOf": items}, "minItems": 1}
+        if body.parallel_tool_calls is False:
+            array["maxItems"] = 1
+        return ToolPlan("required", StructuredOutput("json", json.dumps(array)), render=True)
+    name = _named(choice)
+    if name not in functions:
+        raise APIError(400, f"tool_choice names {name[:64]!r}, not one of the tools", "tool_choice")
+    schema = functions[name].get("parameters") or {"type": "object"}
+    return ToolPlan("named", StructuredOutput("json", json.dumps(schema)), True, named=name)
+
+
+def _function(tool: Any, index: int) -> dict[str, Any]:
+    function = tool.get("function") if isinstance(tool, dict) else None
+    if not (
+        isinstance(tool, dict)
+        and tool.get("type", "function") == "function"
+        and isinstance(function, dict)
+        and isinstance(function.get("name"), str)
+        and function["name"]
+        and isinstance(function.get("parameters", {}), dict)
+    ):
+        raise APIError(
+            400,
+            "a tool is {type: function, function: {name, description?, parameters?}}",
+            param=f"tools.{index}",
+        )
+    return function
+
+
+def _named(choice: Any) -> str:
+    function = choice.get("function") if isinstance(choice, dict) else None
+    if isinstance(function, dict) and isinstance(function.get("name"), str):
+        return str(function["name"])
+    raise APIError(
+        400,
+        'tool_choice is "none", "auto", "required" or {type: function, function: {name}}',
+        param="tool_choice",
+    )
+
+
+def _call_schema(name: str, function: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "enum": [name]},
+            "parameters": function.get("parameters") or {"type": "object"},
+        },
+        "required": ["name", "parameters"],
+        "additionalProperties": False,
+    }
+
+
+def template_tools(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+    return [dict(t) for t in body.tools or []]
+
+
+def enforced_calls(plan: ToolPlan, text: str) -> list[ToolCall]:
+    """The call(s) in a required or named output (the grammar made it parse)."""
+    if plan.mode == "named" and plan.named is not None:
+        return [ToolCall(plan.named, json.dumps(json.loads(text)))]
+    return [ToolCall(c["name"], json.dumps(c["parameters"])) for c in json.loads(text)]
+
+
+def parse_calls(parser: str, text: str) -> tuple[str, list[ToolCall]]:
+    """``text`` as (content, tool calls) in ``parser``'s format; no call found: all content."""
+    if parser == "hermes":
+        start = text.find(HERMES_TAG)
+        if start < 0:
+            return text, []
+        calls = [_call(raw, "arguments") for raw in _HERMES_CALL.findall(text[start:])]
+        if not calls or None in calls:
+            return text, []
+        return text[:start].rstrip(), [c for c in calls if c is not None]
+    stripped = text.strip()
+    if not stripped.startswith("{"):
+        return text, []
+    calls = [_call(part, "parameters") for part in stripped.split(";") if part.strip()]
+    if not calls or None in calls:
+        return text, []
+    return "", [c for c in calls if c is not None]
+
+
+def _call(raw: str, arguments_key: str) -> ToolCall | None:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    arguments = value.get(arguments_key, value.get("arguments", value.get("parameters", {})))
+    return ToolCall(value["name"], json.dumps(arguments))
+
+
+def held_back(parser: str, text: str) -> int:
+    """How many characters at the end of streamed ``text`` must wait (they may begin a call):
+    all of it once a call began, or a partial tag at the end."""
+    if parser == "llama3_json":
+        return len(text) if text.lstrip().startswith("{") or not text.strip() else 0
+    if HERMES_TAG in text:
+        return len(text) - text.find(HERMES_TAG)
+    for size in range(min(len(HERMES_TAG) - 1, len(text)), 0, -1):
+        if HERMES_TAG.startswith(text[-size:]):
+            return size
+    return 0
+
+
+def history_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The messages for the template, with assistant ``tool_calls`` (their ``arguments`` JSON
+    text as objects, as templates expect, as vLLM does) and ``tool`` messages' ids."""
+    out = []
+    for index, message in enumerate(body.messages):
+        entry: dict[str, Any] = {"role": message.role, "content": message.text()}
+        if message.tool_calls:
+            entry["tool_calls"] = [_history_call(c, index) for c in message.tool_calls]
+        if message.tool_call_id is not None:
+            entry["tool_call_id"] = message.tool_call_id
+        if message.name is not None:
+            entry["name"] = message.name
+        out.append(entry)
+    return out
+
+
+def _history_call(call: Any, index: int) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not (isinstance(function, dict) and isinstance(function.get("name"), str)):
+        raise APIError(
+            400, "a tool call is {id, type, function: {name, arguments}}", f"messages.{index}"
+        )
+    arguments = function.get("arguments", "{}")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments else {}
+        except json.JSONDecodeError as exc:
+            raise APIError(
+                400, f"tool call arguments are not JSON: {exc}", f"messages.{index}"
+            ) from exc
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
+def assistant_message(
+    plan: ToolPlan, text: str, reason: str | None
+) -> tuple[dict[str, Any], str | None]:
+    """A whole choice's message and finish reason: its tool calls (``tool_calls``) when the
+    plan made or found any, else its text. An enforced output cut by max_tokens stays text."""
+    content, calls = split_output(plan, text, reason)
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": content if content or not calls else None,
+    }
+    if calls:
+        message["tool_calls"] = [call.as_openai() for call in calls]
+        reason = "tool_calls"
+    return message, reason
+
+
+def split_output(plan: ToolPlan, text: str, reason: str | None) -> tuple[str, list[ToolCall]]:
+    if plan.mode in ("required", "named") and reason != "length":
+        try:
+            return "", enforced_calls(plan, text)
+        except (json.JSONDecodeError, KeyError, TypeError):
+            return text, []
+    if plan.mode == "auto" and plan.parser is not None:
+        return parse_calls(plan.parser, text)
+    return text, []
+
+
+@dataclass(slots=True)
+class ToolStream:
+    """A streamed choice's text under a tool plan: content goes out as it comes except what
+    may be (part of) a call, held until the end, when the calls are parsed."""
+
+    plan: ToolPlan
+    text: str = ""
+    num_sent: int = 0
+
+    def feed(self, text: str) -> str:
+        """The content ``text`` releases now."""
+        self.text += text
+        if self.plan.mode in ("required", "named"):
+            return ""
+        pending = self.text[self.num_sent :]
+        parser = self.plan.parser or "hermes"
+        # llama3_json: once content came first, no call follows in that format
+        late = parser == "llama3_json" and self.num_sent > 0
+        hold = 0 if late else held_back(parser, pending)
+        release = pending[: len(pending) - hold]
+        self.num_sent += len(release)
+        return release
+
+    def finish(self, reason: str | None) -> tuple[str, list[ToolCall]]:
+        """At the end: the content still held, and the calls."""
+        if self.plan.mode in ("required", "named"):
+            return split_output(self.plan, self.text, reason)
+        content, calls = split_output(self.plan, self.text, reason)
+        if not calls:
+            return self.text[self.num_sent :], []
+        return content[self.num_sent :], calls

@@ -1,0 +1,215 @@
+"""Tool calling: ``tool_choice`` required and a named function enforced by structured outputs
+(the arguments always parse and match the tool's schema, checked with jsonschema), streamed
+calls reassembling to the non-streamed call, tool messages and assistant calls in a history,
+``auto`` with the hermes parser (vLLM's flags), and the parsers and the stream's hold-back on
+model outputs written here."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+from openai import BadRequestError, OpenAI
+
+from gateway.errors import APIError
+from gateway.openai_models import ChatCompletionRequest
+from gateway.tools import ToolPlan, ToolStream, parse_calls, plan_tools
+from tests.served import Served
+
+MODEL = "stories260K"
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"enum": ["Oslo", "Lima"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+TIME = {
+    "type": "object",
+    "properties": {"zone": {"enum": ["UTC", "CET"]}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
+TOOLS: Any = [
+    {"type": "function", "function": {"name": "weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "clock", "description": "now", "parameters": TIME}},
+]
+SCHEMAS = {"weather": WEATHER, "clock": TIME}
+MESSAGES: Any = [{"role": "user", "content": "What is the weather in Oslo?"}]
+
+
+@pytest.fixture
+def client(served: Served) -> OpenAI:
+    return OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _check_call(call: Any) -> None:
+    assert call.type == "function" and call.id
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_required_and_named_calls_parse_and_match_their_schema(client: OpenAI) -> None:
+    required = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", n=8,
+        temperature=1.0, seed=4, max_tokens=64, parallel_tool_calls=False,
+    )  # fmt: skip
+    names = set()
+    for choice in required.choices:
+        assert choice.finish_reason == "tool_calls"
+        calls = choice.message.tool_calls or []
+        assert len(calls) == 1  # parallel_tool_calls false
+        _check_call(calls[0])
+        names.add(calls[0].function.name)
+    named = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, tools=TOOLS, max_tokens=64, temperature=1.0, seed=5,
+        tool_choice={"type": "function", "function": {"name": "clock"}},
+    )  # fmt: skip
+    (call,) = named.choices[0].message.tool_calls or []
+    assert call.function.name == "clock"
+    _check_call(call)
+
+
+def test_a_streamed_call_reassembles_to_the_same_call(client: OpenAI) -> None:
+    common: Any = dict(
+        model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", temperature=1.0,
+        seed=9, max_tokens=64, parallel_tool_calls=False,
+    )  # fmt: skip
+    whole = client.chat.completions.create(**common)
+    calls: dict[int, dict[str, str]] = {}
+    reasons = []
+    for chunk in client.chat.completions.create(**common, stream=True):
+        for choice in chunk.choices:
+            reasons.append(choice.finish_reason)
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"name": "", "arguments": ""})
+                if delta.function and delta.function.name:
+                    call["name"] += delta.function.name
+                if delta.function and delta.function.arguments:
+                    call["arguments"] += delta.function.arguments
+    expected = whole.choices[0].message.tool_calls or []
+    assert len(expected) == 1
+    assert [c["name"] for c in calls.values()] == [c.function.name for c in expected]
+    assert [json.loads(c["arguments"]) for c in calls.values()] == [
+        json.loads(c.function.arguments) for c in expected
+    ]
+    assert reasons[-1] == "tool_calls"
+
+
+def test_a_history_with_calls_and_tool_answers_is_rendered(served: Served) -> None:
+    history = [
+        *MESSAGES,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": '{"city": "Oslo", "days": 1}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"},
+    ]
+    body = {"model": MODEL, "messages": history, "tools": TOOLS, "tool_choice": "none",
+            "max_tokens": 4}  # fmt: skip
+    response = httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    tokenized = httpx.post(
+        f"{served.url}/tokenize", json={"messages": history, "return_token_strs": False}
+    ).json()
+    plain = httpx.post(f"{served.url}/tokenize", json={"messages": history[-1:]}).json()
+    assert tokenized["count"] > plain["count"]  # the calls and the answer are in the prompt
+    bad = [*history[:1], {**history[1], "tool_calls": [{"id": "x", "function": {"name": 3}}]}]
+    refused = httpx.post(f"{served.url}/v1/chat/completions", json={**body, "messages": bad})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages.1"
+
+
+def test_auto_needs_the_servers_flags_and_then_parses(
+    served: Served, client: OpenAI, tuned_gateway: str
+) -> None:
+    with pytest.raises(BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS, max_tokens=4)
+    assert refused.value.param == "tool_choice" and "--enable-auto-tool-choice" in str(
+        refused.value
+    )
+    tuned = OpenAI(base_url=f"{tuned_gateway}/v1", api_key="unused", max_retries=0)
+    out = tuned.chat.completions.create(
+        model=MODEL, messages=MESSAGES, tools=TOOLS, max_tokens=8, temperature=0.0
+    )
+    assert out.choices[0].message.content  # this model writes text, not calls
+    assert out.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize(
+    ("choice", "param"),
+    [
+        ({"type": "function", "function": {"name": "nope"}}, "tool_choice"),
+        ("sometimes", "tool_choice"),
+    ],
+)
+def test_bad_tool_choices_are_400s(served: Served, choice: Any, param: str) -> None:
+    body = {"model": MODEL, "messages": MESSAGES, "tools": TOOLS, "tool_choice": choice}
+    response = httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param
+    bad_tool = {**body, "tool_choice": "required", "tools": [{"type": "function"}]}
+    response = httpx.post(f"{served.url}/v1/chat/completions", json=bad_tool, timeout=60)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "tools.0"
+
+
+# ---- the parsers and the stream, on outputs written here ------------------------------------
+
+
+def test_hermes_and_llama3_outputs_parse() -> None:
+    text = (
+        'Let me check. <tool_call>\n{"name": "weather", "arguments": {"city": "Oslo", "days": 2}}'
+        '\n</tool_call>\n<tool_call>{"name": "clock", "arguments": {"zone": "UTC"}}</tool_call>'
+    )
+    content, calls = parse_calls("hermes", text)
+    assert content == "Let me check."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("weather", {"city": "Oslo", "days": 2}),
+        ("clock", {"zone": "UTC"}),
+    ]
+    assert parse_calls("hermes", "no calls here") == ("no calls here", [])
+    assert parse_calls("hermes", "<tool_call>{not json</tool_call>")[1] == []
+    content, calls = parse_calls(
+        "llama3_json", '{"name": "clock", "parameters": {"zone": "CET"}}; {"name": "weather", '
+        '"parameters": {"city": "Lima", "days": 1}}'
+    )  # fmt: skip
+    assert content == "" and [c.name for c in calls] == ["clock", "weather"]
+    assert parse_calls("llama3_json", "Hello {x}")[1] == []
+
+
+def test_the_stream_holds_back_only_what_may_be_a_call() -> None:
+    plan = ToolPlan("auto", render=True, parser="hermes")
+    stream = ToolStream(plan)
+    pieces = [
+        "Sure",
+        ", one moment <to",
+        "ol_call>",
+        '{"name": "clock", "arguments": {}}',
+        "</tool_call>",
+    ]
+    released = "".join(stream.feed(piece) for piece in pieces)
+    assert released == "Sure, one moment "
+    rest, calls = stream.finish("stop")
+    assert rest == "" and [c.name for c in calls] == ["clock"]
+    plain = ToolStream(plan)
+    assert plain.feed("A <t") == "A "  # may begin a tag: held
+    assert plain.feed("able>") == "<table>"
+    assert plain.finish("stop") == ("", [])
+
+
+def test_plans() -> None:
+    body = ChatCompletionRequest.model_validate({"messages": MESSAGES, "tools": TOOLS})
+    with pytest.raises(APIError):
+        plan_tools(body, auto_enabled=False, parser=None)
+    assert plan_tools(body, True, "hermes").mode == "auto"
+    none = ChatCompletionRequest.model_validate({"messages": MESSAGES, "tool_choice": "none"})
+    assert not plan_tools(none, False, None).calls_tools
