@@ -2,7 +2,10 @@
 per-row one it replaced (kept here as it was at commit 5e17ac3: each sampled row's logits
 copied to the host, softmax, sort and multinomial one row at a time), alternated A, B, A, B in
 this process at batch 1/16/64 x vocabulary 32k/128k, for greedy, temperature 1 and temperature
-1 with top-p 0.9 (half the rows seeded). CPU here; the GPU run is bench/gpu's.
+1 with top-p 0.9 (half the rows seeded). Then what the batched sampler adds, against the same
+call without it: the three penalties over 512 prompt and 256 output tokens a row, and a
+structured-output bitmask (xgrammar's apply, 1 % of the vocabulary allowed: the mask's fill is
+bench/grammar_masks.py's). CPU here; the GPU run is bench/gpu's.
 
     .venv/bin/python bench/sampler.py [--repeats 5] [--device cpu]
 """
@@ -78,6 +81,52 @@ def _time_ms(sampler: Sampler | RowSampler, logits: torch.Tensor, rows: list[Sam
     return (time.perf_counter() - t0) / calls * 1e3
 
 
+class _Masked:
+    """The sampler after a structured-output mask (a copy of the logits, masked)."""
+
+    def __init__(self, bitmask: torch.Tensor) -> None:
+        self.bitmask, self.sampler = bitmask, Sampler()
+
+    def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
+        import xgrammar
+
+        masked = logits.clone()
+        xgrammar.apply_token_bitmask_inplace(masked, self.bitmask)
+        return self.sampler.sample(masked, rows)
+
+
+def _extras(device: torch.device, repeats: int) -> dict[str, float]:
+    """ms added at batch 64 x 128k (top-p 0.9) by the penalties and by a bitmask."""
+    batch, vocab = 64, 128_000
+    logits = torch.randn(batch, vocab, device=device)
+    base = SamplingParams(max_tokens=512, temperature=1.0, top_p=0.9)
+    penalized = SamplingParams(max_tokens=512, temperature=1.0, top_p=0.9, presence_penalty=0.5,
+                               frequency_penalty=0.5, repetition_penalty=1.1)  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (512,), generator=generator).tolist()
+    output = torch.randint(0, vocab, (256,), generator=generator).tolist()
+    plain = [SamplingRow(base, 256) for _ in range(batch)]
+    with_penalties = [SamplingRow(penalized, 256, (), prompt, output) for _ in range(batch)]
+    allowed = torch.zeros(batch, vocab, dtype=torch.bool)
+    allowed[:, ::100] = True
+    bits = allowed.view(batch, -1, 32) if vocab % 32 == 0 else None
+    assert bits is not None
+    weights = torch.tensor([1 << i for i in range(32)], dtype=torch.int64)
+    bitmask = ((bits.long() * weights).sum(-1) & 0xFFFFFFFF).to(torch.int32)
+    found: dict[str, list[float]] = {"base": [], "penalties": [], "mask": []}
+    for _ in range(repeats):
+        found["base"].append(_time_ms(Sampler(), logits, plain))
+        found["penalties"].append(_time_ms(Sampler(), logits, with_penalties))
+        found["mask"].append(_time_ms(_Masked(bitmask), logits, plain))
+    base_ms = statistics.median(found["base"])
+    out = {k: statistics.median(v) - base_ms for k, v in found.items() if k != "base"}
+    print(
+        f"batch 64 x 128k, top-p 0.9: {base_ms:.1f} ms; the penalties add {out['penalties']:.1f}"
+        f" ms, a structured-output bitmask {out['mask']:.1f} ms"
+    )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="A/B pairs per case")
@@ -101,12 +150,14 @@ def main() -> None:
                 old, new = statistics.median(old_ms), statistics.median(new_ms)
                 ratios[f"{mode}_b{batch}_v{vocab // 1000}k"] = old / new
                 print(f"{mode:>9} {batch:>5} {vocab:>6} {old:>9.2f} {new:>9.2f} {old / new:>8.1f}")
+    extras = _extras(device, args.repeats)
     load_end = os.getloadavg()[0]
     worst = min(ratios, key=ratios.__getitem__)
     print(
         f"RESULT sampler device={device.type} speedup_t1_b64_v128k={ratios['t1_b64_v128k']:.1f} "
         f"speedup_top_p_b64_v128k={ratios['t1_top_p_b64_v128k']:.1f} "
         f"worst_speedup={ratios[worst]:.2f} worst_case={worst} "
+        f"penalties_ms_b64_v128k={extras['penalties']:.1f} mask_ms_b64_v128k={extras['mask']:.1f} "
         f"load_avg={load_start:.2f}-{load_end:.2f}"
     )
 

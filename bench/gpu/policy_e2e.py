@@ -176,13 +176,15 @@ def run_one(
     )
     if kv.has_dram:
         kv.drain()
+    stats = kv.stats()  # drained: every block still held is leaked
+    if kv.has_dram:
         row.update(
             bytes_h2d=kv.transfer.stats.bytes_h2d,
             bytes_d2h=kv.transfer.stats.bytes_d2h,
             exposed_transfer_s=kv.tiered_stats.exposed_transfer_s,
-            leaked_dram_blocks=kv.dram.num_blocks - kv.dram.num_free,
+            leaked_dram_blocks=stats.num_dram_blocks - stats.num_free_dram_blocks,
         )
-    row["leaked_hbm_blocks"] = kv.hbm.num_blocks - kv.hbm.num_free
+    row["leaked_hbm_blocks"] = stats.num_hbm_blocks - stats.num_free_hbm_blocks
     engine.close()
     return row
 

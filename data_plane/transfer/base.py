@@ -148,10 +148,9 @@ class TransferEngine(abc.ABC):
 
     @property
     def link_bytes_per_s(self) -> float:
-        """Measured link bandwidth (:attr:`LinkMeter.link_bytes_per_s`); 0.0 if unmeasured,
-        and for an engine without a meter (the simulator's does not run this ``__init__``)."""
-        meter: LinkMeter | None = getattr(self, "meter", None)
-        return meter.link_bytes_per_s if meter is not None else 0.0
+        """Measured link bandwidth (:attr:`LinkMeter.link_bytes_per_s`); 0.0 if unmeasured
+        (an engine that measures none overrides this)."""
+        return self.meter.link_bytes_per_s
 
     @abc.abstractmethod
     def submit(
