@@ -30,7 +30,7 @@ class WorkerSettings(BaseSettings):
     num_dram_blocks: int | None = None
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
-    transfer_backend: str = "cpu"
+    transfer_backend: str = "auto"  # auto: cuda on a CUDA device with cuda-python, else cpu
     # vLLM's --enable-prefix-caching (on by default, as in vLLM V1): shared prompt prefixes
     # are computed once; with a DRAM tier its synced copies are a second level.
     enable_prefix_caching: bool = True

@@ -17,7 +17,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     max_model_len: int | None = None  # None: the model's, capped by the pool (sizing.py)
-    transfer_backend: str = "cpu"  # cpu | cuda | naive
+    transfer_backend: str = "auto"  # auto | cpu | cuda | naive (data_plane.transfer)
     eager_sync: bool = True
     device: str = "cpu"
     prefix_caching: bool = False  # HBM's prefix cache (data_plane/kv/prefix_cache.py)
@@ -33,7 +33,7 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
         if self.hbm_kv_gib is not None and not self.hbm_kv_gib > 0:
             raise ValueError(f"hbm_kv_gib must be > 0, got {self.hbm_kv_gib}")
-        if self.transfer_backend not in ("cpu", "cuda", "naive"):
+        if self.transfer_backend not in ("auto", "cpu", "cuda", "naive"):
             raise ValueError(
-                f"transfer_backend must be cpu, cuda or naive, got {self.transfer_backend!r}"
+                f"transfer_backend must be auto, cpu, cuda or naive, got {self.transfer_backend!r}"
             )

@@ -8,11 +8,16 @@ __all__ = ["BlockCopy", "TransferEngine", "TransferHandle", "make_transfer_engin
 
 
 def make_transfer_engine(backend: str, hbm: object, dram: object) -> TransferEngine:
-    """The backend named by config: ``cuda`` (cuda-python batched copies), ``cpu`` (the same
-    semantics with both pools in host memory) or ``naive`` (vLLM-layout baseline)."""
+    """The backend named by config: ``cuda`` (cuda-python batched copies, on their own streams
+    under the compute), ``cpu`` (the same semantics with synchronous copies: both pools in host
+    memory, or a CUDA pool without cuda-python), ``naive`` (vLLM-layout baseline) or ``auto``
+    (the default): ``cuda`` when the HBM pool is on a CUDA device and cuda-python imports, else
+    ``cpu``."""
     import torch
 
     assert isinstance(hbm, torch.Tensor) and isinstance(dram, torch.Tensor)
+    if backend == "auto":
+        backend = "cuda" if hbm.is_cuda and _cuda_python() else "cpu"
     if backend == "cpu":
         from data_plane.transfer.cpu import CpuTransferEngine
 
@@ -26,3 +31,12 @@ def make_transfer_engine(backend: str, hbm: object, dram: object) -> TransferEng
 
         return CudaTransferEngine(hbm, dram)
     raise ValueError(f"unknown transfer backend {backend!r} (cuda, cpu, naive)")
+
+
+def _cuda_python() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("cuda.bindings") is not None
+    except ModuleNotFoundError:  # no ``cuda`` package at all
+        return False
