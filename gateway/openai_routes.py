@@ -73,7 +73,7 @@ async def chat_completions(
     max_tokens = body.max_completion_tokens or body.max_tokens
     plan = _tool_plan(state, body)
     tools = template_tools(body) if plan.render else None
-    prompts = _batch_of_one(state.prompts.chat_completion(body, tools))
+    prompts = _chat_prompt(state, body, tools)
     choices = await _admit_and_start(
         state, request, body, prompts, max_tokens, "chatcmpl", plan.structured
     )
@@ -160,8 +160,11 @@ def _tool_plan(state: GatewayState, body: ChatCompletionRequest) -> ToolPlan:
         raise
 
 
-async def _batch_of_one(prompt: Coroutine[Any, Any, list[int]]) -> list[list[int]]:
-    return [await prompt]
+async def _chat_prompt(
+    state: GatewayState, body: ChatCompletionRequest, tools: list[dict[str, Any]] | None
+) -> list[list[int]]:
+    """The chat's one prompt (rendered when awaited: a refusal before then renders nothing)."""
+    return [await state.prompts.chat_completion(body, tools)]
 
 
 async def _admit_and_start(

@@ -106,15 +106,16 @@ def test_one_direction_measured_alone() -> None:
     assert engine.link_bytes_per_s == engine.meter.bytes_per_s(H2D) > 0
 
 
-def test_an_engine_without_a_meter_reports_zero() -> None:
-    class Unmetered(TransferEngine):  # like the simulator's: skips TransferEngine.__init__
-        def __init__(self) -> None:
-            pass
+def test_the_simulators_engine_reports_no_measured_link() -> None:
+    """It measures nothing (virtual time, a known link model): it says so itself, 0.0."""
+    from lab.costmodel import load_profile
+    from lab.sim.clock import VirtualClock
+    from lab.sim.transfer import DuplexLink, SimulatedTransferEngine
 
-        def submit(self, h2d: list[BlockCopy], d2h: list[BlockCopy]) -> tuple[None, None]:
-            return None, None
-
-    assert Unmetered().link_bytes_per_s == 0.0
+    link = DuplexLink(load_profile("h200-llama3-8b"))
+    engine = SimulatedTransferEngine(VirtualClock(), link, 2 << 20)
+    engine.submit([BlockCopy(0, 0)], [])
+    assert engine.link_bytes_per_s == 0.0
 
 
 def test_tiered_kv_exposes_the_measured_rate() -> None:

@@ -148,7 +148,9 @@ async def _kill_holding_unstarted(system: System, load: Load, worker_id: str) ->
     deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
         process.send_signal(signal.SIGSTOP)
-        await asyncio.sleep(0.3)  # outputs it wrote before the stop reach their clients
+        # outputs it wrote before the stop reach their clients (0.3 s was short under load in
+        # CI: every "unstarted" request turned out to have had a token at the gateway)
+        await asyncio.sleep(0.8)
         unstarted = _unstarted_on(system, load, worker_id)
         if unstarted:
             system.kill(worker_id)
