@@ -214,13 +214,15 @@ class Sample:
     traced_bytes: int
     num_objects: int
     rss_bytes: int
+    num_cached_blocks: int = 0  # in both prefix indexes (printed: they fill and evict)
 
 
-def take_sample(iteration: int) -> Sample:
+def take_sample(iteration: int, num_cached: int = 0) -> Sample:
     gc.collect()
     traced, _ = tracemalloc.get_traced_memory()
     pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return Sample(iteration, traced, len(gc.get_objects()), pages * os.sysconf("SC_PAGE_SIZE"))
+    rss = pages * os.sysconf("SC_PAGE_SIZE")
+    return Sample(iteration, traced, len(gc.get_objects()), rss, num_cached)
 
 
 PLATEAU_STEP = 500  # iterations between checks of the prefix indexes' size in warm-up
@@ -251,14 +253,14 @@ def measure(loop: Loop, iterations: int, warmup: int, num_samples: int) -> list[
         largest, num_flat = (size, 0) if size > largest else (largest, num_flat + 1)
     loop.warmup_iterations = loop.num_iterations
     start = loop.num_iterations
-    samples = [take_sample(0)]
+    samples = [take_sample(0, num_cached_blocks(loop))]
     interval = max(1, iterations // max(1, num_samples))
     while loop.num_iterations - start < iterations:
         target = min(start + iterations, loop.num_iterations + interval)
         while loop.num_iterations < target:
             loop.iterate(feed=True)
         loop.drain()
-        samples.append(take_sample(loop.num_iterations - start))
+        samples.append(take_sample(loop.num_iterations - start, num_cached_blocks(loop)))
     return samples
 
 
@@ -273,11 +275,11 @@ def per_10k(samples: list[Sample], attribute: str) -> float:
 
 def report(samples: list[Sample], loop: Loop, seconds: float, load: tuple[float, ...]) -> str:
     first, last = samples[0], samples[-1]
-    print(f"{'iteration':>10} {'traced KiB':>11} {'objects':>9} {'RSS MiB':>8}")
+    print(f"{'iteration':>10} {'traced KiB':>11} {'objects':>9} {'RSS MiB':>8} {'cached':>7}")
     for s in samples:
         print(
             f"{s.iteration:>10} {s.traced_bytes / KIB:>11.1f} {s.num_objects:>9} "
-            f"{s.rss_bytes / KIB / KIB:>8.1f}"
+            f"{s.rss_bytes / KIB / KIB:>8.1f} {s.num_cached_blocks:>7}"
         )
     stats, kv = loop.engine.stats, loop.engine.kv.stats()
     print(
@@ -300,7 +302,8 @@ def report(samples: list[Sample], loop: Loop, seconds: float, load: tuple[float,
     return (
         f"RESULT worker_memory iterations={iterations} "
         f"traced_growth_kib={(last.traced_bytes - first.traced_bytes) / KIB:.1f} "
-        f"objects_growth={last.num_objects - first.num_objects} load_avg={load[0]:.2f}"
+        f"objects_growth={last.num_objects - first.num_objects} "
+        f"load_avg={load[0]:.2f}"
     )
 
 

@@ -113,23 +113,21 @@ def _reference_accuracy(served: Served, stories_path: Path) -> float:
 def test_lm_eval_loglikelihood_and_generation(
     served: Served, tasks: Any, stories_path: Path
 ) -> None:
-    common = {"model": MODEL, "num_concurrent": 2, "max_retries": 1, "tokenizer_backend": "remote"}
-    completions = lm_eval.simple_evaluate(
-        model="local-completions",
-        model_args={**common, "base_url": f"{served.url}/v1/completions"},
-        tasks=["superinfer_mc"],
-        task_manager=tasks,
-        batch_size=2,
-    )
+    completions = _evaluate(served, tasks, "local-completions", "superinfer_mc")
     accuracy = completions["results"]["superinfer_mc"]["acc,none"]
     assert accuracy == pytest.approx(_reference_accuracy(served, stories_path))
-    chat = lm_eval.simple_evaluate(
-        model="local-chat-completions",
-        model_args={**common, "base_url": f"{served.url}/v1/chat/completions"},
-        tasks=["superinfer_gen"],
-        task_manager=tasks,
-        batch_size=2,
-        apply_chat_template=True,
-    )
+    chat = _evaluate(served, tasks, "local-chat-completions", "superinfer_gen")
     assert 0.0 <= chat["results"]["superinfer_gen"]["exact_match,none"] <= 1.0
     assert len(chat["samples"]["superinfer_gen"]) == len(QUESTIONS)
+
+
+def _evaluate(served: Served, tasks: Any, model: str, task: str) -> Any:
+    """lm-eval's run of ``task`` through ``model`` (its API client) against the server."""
+    chat = model == "local-chat-completions"
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    model_args = {"model": MODEL, "num_concurrent": 2, "max_retries": 1,
+                  "tokenizer_backend": "remote", "base_url": f"{served.url}{path}"}  # fmt: skip
+    return lm_eval.simple_evaluate(
+        model=model, model_args=model_args, tasks=[task], task_manager=tasks, batch_size=2,
+        apply_chat_template=chat,
+    )  # fmt: skip
