@@ -11,8 +11,9 @@
 # - the whole script stays within BUDGET_S seconds (default 540: a part gets min(its limit,
 #   what is left); the policy comparison gets the rest but ~40 s); a failing part does not
 #   stop the others; results.txt ends with each part's RESULT line.
-# `--dry-run`: every part on the CPU with a tiny model (CUDA-only parts: their imports and
-# arguments, `--help`), the same files and archive: tests/bench/test_gpu_run_all.py runs it.
+# `--dry-run`: every part on the CPU with a tiny model (the GPU tests collected, CUDA-only parts:
+# their imports and arguments, `--help`), the same files and archive: tests/bench/test_gpu_run_all.py
+# runs it.
 #
 # Before (on the build host): make gpu-kit
 # On the device machine (carry .gpu-kit):  bash bench/gpu/run_all.sh
@@ -121,6 +122,7 @@ if ! run kit_check 60 "$PY" bench/gpu/kit.py check; then
 fi
 
 if (( DRY_RUN )); then
+  TESTS=(--collect-only)  # the suite runs these tests' CPU parts itself: collection suffices
   DECODE=("$PY" bench/gpu/decode_step.py --device cpu --tiny --no-hf --batches 1,2 --context 64 --repeats 1)
   OVERLAP=(help_only rotation_overlap "$PY" bench/gpu/rotation_overlap.py)
   SAMPLER=("$PY" bench/sampler.py --quick --repeats 1 --device cpu)
@@ -128,6 +130,7 @@ if (( DRY_RUN )); then
   DUPLEX=(help_only duplexkv "$PY" bench/gpu/duplexkv.py)
   PROFILE=(profile --model tiny-random --device cpu --transfer-backend cpu --repeats 1 --out "$WORK/profile.json")
 else
+  TESTS=()
   DECODE=("$PY" bench/gpu/decode_step.py)
   OVERLAP=("$PY" bench/gpu/rotation_overlap.py)
   SAMPLER=("$PY" bench/sampler.py --repeats 1 --device cuda)
@@ -139,7 +142,7 @@ fi
 if grep -q '^RESULT kit_check .* failed=0' "$WORK/kit_check.log" 2>/dev/null; then
   # Correctness first: kernels (compiled) against the torch path, graphs, engine vs CPU. A cold
   # Triton cache compiles 42+ kernels at 1-1.7 s each: the cap allows for it.
-  run gpu_tests 240 gpu_tests tests/data_plane/test_triton_attention.py \
+  run gpu_tests 240 gpu_tests "${TESTS[@]}" tests/data_plane/test_triton_attention.py \
     tests/data_plane/test_cuda_graphs.py tests/data_plane/test_gpu_engine.py \
     tests/data_plane/test_transfer_cuda.py
   # (a) decode step: ours (graph / eager / torch path) vs transformers eager and + CUDA graph
