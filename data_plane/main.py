@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from data_plane.models import load_model
 from data_plane.planner import HybridPlanner
 from data_plane.service import Worker
 from data_plane.settings import WorkerSettings
+from data_plane.threads import apply_thread_policy
 from shared.health import redis_reachable, serve_health
 from shared.model_source import resolve_model
 from shared.policy import Knobs
@@ -44,9 +46,19 @@ def build_worker_engine(settings: WorkerSettings, planner: Planner) -> tuple[Eng
             "device; run one worker per GPU instead (docs/deployment.md)"
         )
     model_path = resolve_model(settings.model, settings.revision)
-    log.info("loading_weights", model=settings.model, path=model_path, device=settings.device)
+    num_threads = apply_thread_policy(settings.threads)
+    log.info(
+        "loading_weights",
+        model=settings.model,
+        path=model_path,
+        device=settings.device,
+        threads=num_threads,
+        omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"),
+    )
     t_start = time.perf_counter()
-    loaded = load_model(model_path, settings.tokenizer, settings.dtype, settings.device)
+    loaded = load_model(
+        model_path, settings.tokenizer, settings.dtype, settings.device, 0, settings.quantization
+    )
     log.info("weights_loaded", seconds=round(time.perf_counter() - t_start, 2))
     config = EngineConfig(
         block_size=settings.block_size,

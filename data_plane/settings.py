@@ -18,7 +18,13 @@ class WorkerSettings(BaseSettings):
     revision: str | None = None  # of a hub id
     tokenizer: str | None = None
     dtype: str | None = None
+    # vLLM's --quantization: auto keeps a GGUF file's quantized layers quantized on the CPU
+    # (dequantized elsewhere); gguf insists on it; none dequantizes every weight to --dtype.
+    quantization: str | None = None
     device: str = "cpu"
+    # CPU threads for the model's kernels (llama.cpp's -t); None: every core this process may
+    # run on (data_plane/threads.py).
+    threads: int | None = Field(default=None, ge=1)
     block_size: int = 16
     hbm_kv_gib: float | None = None  # None: sized by gpu_memory_utilization (engine/sizing.py)
     gpu_memory_utilization: float | None = None  # vLLM's; None: 0.9 on CUDA, 1 GiB KV on CPU

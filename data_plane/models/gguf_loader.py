@@ -5,6 +5,9 @@ metadata, each weight dequantized with the ``gguf`` package and copied straight 
 llama.cpp's converter permutes the rows of ``attn_q``/``attn_k`` for the llama architecture
 (so that its RoPE rotates adjacent pairs); that is undone here. Qwen2 files are not permuted.
 
+With ``quantize`` (the CPU default), layers whose weights are quantized in the file stay
+quantized in memory (``gguf_quant``); otherwise every weight is dequantized to ``dtype``.
+
 Default dtype (``dtype=None``): the file's own float type when most of its weight elements are
 F16 or BF16; float32 otherwise (F32 and quantized files: dequantized values are exact in fp32).
 """
@@ -19,6 +22,7 @@ import numpy as np
 import torch
 
 from data_plane.models.config import ModelConfig, ModelConfigError
+from data_plane.models.gguf_quant import is_quantized, quantize_model
 from data_plane.models.llama import LlamaModel, empty_model
 from data_plane.models.loaded import LoadedModel
 from shared.gguf_tokenizer import bundle_from_reader, eos_token_ids, metadata, open_gguf
@@ -55,7 +59,9 @@ TOP_TENSORS = {
 }
 
 
-def load_gguf(path: Path, dtype: torch.dtype | None, device: str) -> LoadedModel:
+def load_gguf(
+    path: Path, dtype: torch.dtype | None, device: str, quantize: bool = False
+) -> LoadedModel:
     """A ``.gguf`` file as a model with its tokenizer (from the same file's metadata)."""
     try:
         reader = open_gguf(path)
@@ -70,7 +76,7 @@ def load_gguf(path: Path, dtype: torch.dtype | None, device: str) -> LoadedModel
     except TokenizerNotFoundError as exc:
         raise ModelConfigError(str(exc)) from exc
     model = empty_model(config, device)
-    _fill_weights(model, config, reader, permute_qk)
+    _fill_weights(model, config, reader, permute_qk, quantize)
     tokenizer = bundle.tokenizer if bundle is not None else None
     return LoadedModel(config, model, tokenizer, path.stem)
 
@@ -226,11 +232,19 @@ def _dequantize(tensor: ReaderTensor) -> np.ndarray:
 
 
 def _fill_weights(
-    model: LlamaModel, cfg: ModelConfig, reader: GGUFReader, permute_qk: bool
+    model: LlamaModel, cfg: ModelConfig, reader: GGUFReader, permute_qk: bool, quantize: bool
 ) -> None:
-    """Each tensor into its parameter (or slice of one); every parameter must be filled."""
+    """Each tensor into its parameter (or slice of one), or into the quantized module that
+    replaces its layer; every parameter must be filled."""
     expected = _expected_targets(cfg)
+    kept = _quantized_modules(reader, expected) if quantize else {}
     filled: set[tuple[str, str | None]] = set()
+
+    def permute(values: torch.Tensor, part: str | None) -> torch.Tensor:
+        if not permute_qk or part not in ("q", "k"):
+            return values
+        return _undo_rope_permutation(values, cfg.num_heads if part == "q" else cfg.num_kv_heads)
+
     with torch.no_grad():
         for tensor in reader.tensors:
             if tensor.name == "rope_freqs.weight":
@@ -238,16 +252,40 @@ def _fill_weights(
             target = _target(tensor.name)
             if target not in expected:
                 raise ModelConfigError(f"GGUF tensor {tensor.name!r} is not used by this model")
-            param_name, part = target
-            values = torch.from_numpy(_dequantize(tensor))
-            if permute_qk and part in ("q", "k"):
-                heads = cfg.num_heads if part == "q" else cfg.num_kv_heads
-                values = _undo_rope_permutation(values, heads)
-            _copy_into(model.get_parameter(param_name), values, _rows(cfg, part), tensor.name)
             filled.add(target)
-    missing = sorted(expected[target] for target in set(expected) - filled)
-    if missing:
-        raise ModelConfigError(f"GGUF file is missing tensors: {', '.join(missing)}")
+            param_name, part = target
+            if param_name.endswith(".weight") and param_name.removesuffix(".weight") in kept:
+                continue  # read by quantize_model below
+            values = permute(torch.from_numpy(_dequantize(tensor)), part)
+            _copy_into(model.get_parameter(param_name), values, _rows(cfg, part), tensor.name)
+        missing = sorted(expected[target] for target in set(expected) - filled)
+        if missing:
+            raise ModelConfigError(f"GGUF file is missing tensors: {', '.join(missing)}")
+        biases = {
+            name: model.get_parameter(f"{name}.bias").detach()
+            for name in kept
+            if f"{name}.bias" in dict(model.named_parameters())
+        }
+        quantize_model(model, cfg, kept, biases, _dequantize, permute)
+
+
+def _quantized_modules(
+    reader: GGUFReader, expected: dict[tuple[str, str | None], str]
+) -> dict[str, dict[str | None, ReaderTensor]]:
+    """Modules whose every weight tensor is quantized in the file: name -> {part: tensor}."""
+    by_module: dict[str, dict[str | None, ReaderTensor]] = {}
+    floats: set[str] = set()
+    for tensor in reader.tensors:
+        param_name, part = _target(tensor.name)
+        if (param_name, part) not in expected or not param_name.endswith(".weight"):
+            continue
+        module = param_name.removesuffix(".weight")
+        if module.endswith("layernorm") or module == "norm":
+            continue
+        by_module.setdefault(module, {})[part] = tensor
+        if not is_quantized(tensor):
+            floats.add(module)
+    return {name: parts for name, parts in by_module.items() if name not in floats}
 
 
 def _expected_targets(cfg: ModelConfig) -> dict[tuple[str, str | None], str]:

@@ -37,15 +37,13 @@ class Rotary(nn.Module):
         self.cos = freqs.cos().float()
         self.sin = freqs.sin().float()
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[T, 1, d/2]`` of the step's positions: gathered once per forward and
+        shared by every layer."""
         if self.cos.device != positions.device:
             self.cos = self.cos.to(positions.device)
             self.sin = self.sin.to(positions.device)
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, d/2]
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -74,8 +72,7 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rotary: Rotary,
+        rope: tuple[torch.Tensor, torch.Tensor],
         cache_rows: torch.Tensor,
         layer_offset: int,
         meta: AttentionMetadata,
@@ -85,7 +82,8 @@ class DecoderLayer(nn.Module):
         q = q.view(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
+        cos, sin = rope
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         write_kv(cache_rows, layer_offset, k, v, meta)
         scale = self.head_dim**-0.5
         attn = paged_attention(q, cache_rows, layer_offset, meta, scale, self.sliding_window)
@@ -121,9 +119,10 @@ class LlamaModel(nn.Module):
         contiguous (the block-first layout)."""
         x = self.embed_tokens(input_ids)
         cache_rows = kv_cache.view(-1, *kv_cache.shape[-2:])
+        rope = self.rotary.tables(positions)
         for index, layer in enumerate(self.layers):
             offset = 2 * index * meta.block_size
-            x = layer(x, positions, self.rotary, cache_rows, offset, meta)
+            x = layer(x, rope, cache_rows, offset, meta)
         x = self.norm(x[logits_indices])
         return self.lm_head(x).float()
 

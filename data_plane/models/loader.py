@@ -22,6 +22,7 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 # checkpoint tensors we never need (RoPE tables that older transformers saved)
 HARMLESS_SUFFIXES = ("rotary_emb.inv_freq",)
 COPY_CHUNK_BYTES = 16 * 1024 * 1024
+QUANTIZATIONS = ("auto", "gguf", "none")
 
 __all__ = ["TINY_RANDOM", "LoadedModel", "load_model", "load_tokenizer"]
 
@@ -32,9 +33,15 @@ def load_model(
     dtype: str | None = None,
     device: str = "cpu",
     seed: int = 0,
+    quantization: str | None = None,
 ) -> LoadedModel:
-    """Load ``path`` (directory, ``*.gguf``, ``*.bin`` llama2.c checkpoint, or ``tiny-random``)."""
+    """Load ``path`` (directory, ``*.gguf``, ``*.bin`` llama2.c checkpoint, or ``tiny-random``).
+
+    ``quantization`` (vLLM's flag): ``auto`` (None) keeps a GGUF file's quantized weights
+    quantized in memory on the CPU and dequantizes them elsewhere; ``gguf`` insists on it;
+    ``none`` dequantizes every weight to ``dtype``."""
     torch_dtype = _parse_dtype(dtype)
+    keep_quantized = _keep_quantized(quantization, path, device)
     if path == TINY_RANDOM:
         loaded = _tiny_random(seed, torch_dtype)
     else:
@@ -44,7 +51,7 @@ def load_model(
         if location.is_dir():
             loaded = _load_hf_dir(location, torch_dtype, device)
         elif location.suffix == ".gguf":
-            loaded = load_gguf(location, torch_dtype, device)
+            loaded = load_gguf(location, torch_dtype, device, keep_quantized)
         else:
             loaded = _load_llama2c(location, torch_dtype)
     if tokenizer_path is not None:
@@ -64,6 +71,24 @@ def load_tokenizer(path: Path, config: ModelConfig) -> Tokenizer:
     if path.suffix == ".json":
         return HFTokenizer(path, config.bos_token_id, config.eos_token_ids)
     return Llama2cTokenizer(path)
+
+
+def _keep_quantized(quantization: str | None, path: str, device: str) -> bool:
+    """Whether a GGUF file's quantized layers stay quantized (see ``load_model``)."""
+    mode = quantization or "auto"
+    if mode not in QUANTIZATIONS:
+        raise ModelConfigError(
+            f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}"
+        )
+    on_cpu = torch.device(device).type == "cpu"
+    if mode == "gguf" and not path.endswith(".gguf"):
+        raise ModelConfigError(f"quantization 'gguf' needs a .gguf model, not {path!r}")
+    if mode == "gguf" and not on_cpu:
+        raise ModelConfigError(
+            f"quantization 'gguf' is served on the CPU only (device {device!r}): "
+            "use 'auto' or 'none' to dequantize"
+        )
+    return mode != "none" and on_cpu
 
 
 def _parse_dtype(dtype: str | None) -> torch.dtype | None:
