@@ -91,13 +91,13 @@ def find_llama_server(given: str | None) -> Path | None:
 def memory_line(model: Path) -> str:
     """Weights in memory (quantized as served on the CPU) against the file's size."""
     from data_plane.models import load_model
-    from data_plane.models.quant import quantized_bytes
+    from data_plane.models.quant import module_bytes
 
     loaded = load_model(str(model))
-    weight_bytes = quantized_bytes(loaded.model)
+    weight_bytes = module_bytes(loaded.model)
     file_bytes = model.stat().st_size
     dense = load_model(str(model), quantization="none")
-    dense_bytes = quantized_bytes(dense.model)
+    dense_bytes = module_bytes(dense.model)
     return (
         f"RESULT cpu_peer_memory weights_mib={weight_bytes / 2**20:.1f} "
         f"file_mib={file_bytes / 2**20:.1f} ratio={weight_bytes / file_bytes:.2f} "

@@ -23,6 +23,7 @@ from data_plane.engine.request import Request
 from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.geometry import KVGeometry
 from data_plane.models.llama import LlamaModel
+from data_plane.models.quant import module_bytes
 
 log = structlog.get_logger(__name__)
 
@@ -49,8 +50,8 @@ def device_total_bytes(device: torch.device) -> int:
 
 
 def weights_bytes(model: LlamaModel) -> int:
-    seen = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}
-    return sum(seen.values())
+    """Parameters and buffers (a quantized layer's codes and scales), each storage once."""
+    return module_bytes(model)
 
 
 def activation_peak_bytes(runner: ModelRunner, config: EngineConfig, vocab_size: int) -> int:

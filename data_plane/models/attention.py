@@ -93,20 +93,29 @@ def _decode(
     v = cache_rows.index_select(0, (rows + meta.block_size).flatten()).view(n, width, -1, head_dim)
     num_kv_heads = k.shape[2]
     group = num_heads // num_kv_heads
-    key_pos = torch.arange(width, device=q.device)
-    lens = meta.decode_context_lens.unsqueeze(1)
-    mask = key_pos.unsqueeze(0) < lens
-    if sliding_window is not None:
-        mask &= key_pos.unsqueeze(0) > lens - 1 - sliding_window
+    mask = meta.decode_masks.get(sliding_window)
+    if mask is None:
+        mask = _decode_mask(width, meta.decode_context_lens, sliding_window)
+        meta.decode_masks[sliding_window] = mask
     qg = q.view(n, num_kv_heads, group, head_dim)
     out = F.scaled_dot_product_attention(
         qg,
         k.transpose(1, 2),
         v.transpose(1, 2),
-        attn_mask=mask[:, None, None, :],
+        attn_mask=mask,
         scale=scale,
     )
     return out.reshape(n, num_heads, head_dim)
+
+
+def _decode_mask(width: int, lens: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
+    """[n, 1, 1, width]: which of the padded context rows each decode attends to."""
+    key_pos = torch.arange(width, device=lens.device).unsqueeze(0)
+    lens = lens.unsqueeze(1)
+    mask = key_pos < lens
+    if sliding_window is not None:
+        mask &= key_pos > lens - 1 - sliding_window
+    return mask[:, None, None, :]
 
 
 def _prefill(

@@ -4,7 +4,7 @@ to, and (for the Triton path) the block tables and query tiles. Shared by the to
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -53,3 +53,6 @@ class AttentionMetadata:
     prefill_rows: list[torch.Tensor]  # [context] rows of each prefill sequence
     block_size: int
     paged: PagedInputs | None = None  # set: the Triton path (block tables, no row lists)
+    # the CPU decode path's key masks by sliding window, made by the first layer that needs
+    # one and shared by the others (this step's metadata only: one entry per window size)
+    decode_masks: dict[int | None, torch.Tensor] = field(default_factory=dict)

@@ -7,6 +7,9 @@ Per layer (or the embedding / lm_head) whose GGUF weights are all of quantized t
 - otherwise (Q8_0, Q5_*, Q2/3/5/6_K, or a mix): ``Int8Linear``, re-quantized per output row
   from the dequantized values;
 - the token embedding: ``Int8Embedding`` (per row), shared by a tied lm_head.
+
+A layer whose two MLP matmuls are both quantized runs its MLP activations in bfloat16
+(``DecoderLayer.mlp_dtype``), the dtype those kernels compute in.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ from torch import nn
 from data_plane.models.config import ModelConfig, ModelConfigError
 from data_plane.models.llama import LlamaModel
 from data_plane.models.quant import (
+    COMPUTE_DTYPE,
     INT4_GROUP,
+    Int4Linear,
     Int8Embedding,
+    Int8Linear,
     int4_linear,
     int4_supported,
     int8_linear,
@@ -44,6 +50,7 @@ LINEAR_PARTS = {
     "lm_head": (None,),
 }
 
+QUANTIZED_LINEARS = (Int4Linear, Int8Linear)
 Dequantize = Callable[["ReaderTensor"], np.ndarray]
 Permute = Callable[[torch.Tensor, str | None], torch.Tensor]
 
@@ -79,22 +86,36 @@ def quantize_model(
         if cfg.tie_word_embeddings:
             model.lm_head = embed.as_linear()  # type: ignore[assignment]
     for module_name, by_part in parts.items():
-        kind = module_name.rpartition(".")[2]
-        tensors = [by_part[part] for part in LINEAR_PARTS[kind]]
-        bias = biases.get(module_name)
-        names = LINEAR_PARTS[kind]
-        if all(t.tensor_type.name in INT4_TYPES for t in tensors):
-            groups = [_int4_part(t, permute, p) for t, p in zip(tensors, names, strict=True)]
-            codes = torch.cat([g.codes for g in groups])
-            if int4_supported(*codes.shape):
-                scale = torch.cat([g.scale for g in groups])
-                offset = torch.cat([g.offset for g in groups])
-                _swap(model, module_name, int4_linear(codes, scale, offset, bias))
-                continue
-        weights = [
-            permute(torch.from_numpy(dequantize(t)), p) for t, p in zip(tensors, names, strict=True)
-        ]
-        _swap(model, module_name, int8_linear(torch.cat(weights), bias))
+        _quantize_linear(model, module_name, by_part, biases.get(module_name), dequantize, permute)
+    for layer in model.layers:
+        quantized = {n for n, m in layer.named_children() if isinstance(m, QUANTIZED_LINEARS)}
+        if {"gate_up_proj", "down_proj"} <= quantized:
+            layer.mlp_dtype = COMPUTE_DTYPE  # type: ignore[assignment]
+
+
+def _quantize_linear(
+    model: LlamaModel,
+    module_name: str,
+    by_part: dict[str | None, ReaderTensor],
+    bias: torch.Tensor | None,
+    dequantize: Dequantize,
+    permute: Permute,
+) -> None:
+    """One linear module's GGUF tensors as ``Int4Linear`` where they allow it, else int8."""
+    names = LINEAR_PARTS[module_name.rpartition(".")[2]]
+    tensors = [by_part[part] for part in names]
+    if all(t.tensor_type.name in INT4_TYPES for t in tensors):
+        groups = [_int4_part(t, permute, p) for t, p in zip(tensors, names, strict=True)]
+        codes = torch.cat([g.codes for g in groups])
+        if int4_supported(*codes.shape):
+            scale = torch.cat([g.scale for g in groups])
+            offset = torch.cat([g.offset for g in groups])
+            _swap(model, module_name, int4_linear(codes, scale, offset, bias))
+            return
+    weights = [
+        permute(torch.from_numpy(dequantize(t)), p) for t, p in zip(tensors, names, strict=True)
+    ]
+    _swap(model, module_name, int8_linear(torch.cat(weights), bias))
 
 
 def _int4_part(tensor: ReaderTensor, permute: Permute, part: str | None) -> Int4Groups:

@@ -20,6 +20,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # the same arithmetic, one fused op
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
@@ -68,6 +70,10 @@ class DecoderLayer(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # dtype of the MLP's input and intermediate activations; None: the model's. Set to
+        # bfloat16 when both MLP matmuls are quantized (their kernels compute in bfloat16), so
+        # that SiLU and the product run on what the kernels return, with no casts between.
+        self.mlp_dtype: torch.dtype | None = None
 
     def forward(
         self,
@@ -78,17 +84,20 @@ class DecoderLayer(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         n = x.shape[0]
-        q, k, v = self.qkv_proj(self.input_layernorm(x)).split(self.qkv_sizes, dim=-1)
-        q = q.view(n, self.num_heads, self.head_dim)
-        k = k.view(n, self.num_kv_heads, self.head_dim)
+        qk_size, v_size = self.qkv_sizes[0] + self.qkv_sizes[1], self.qkv_sizes[2]
+        qk, v = self.qkv_proj(self.input_layernorm(x)).split((qk_size, v_size), dim=-1)
+        # q's and k's heads rotated together: one pass over [n, heads + kv_heads, head_dim]
+        qk = _rotate(qk.view(n, -1, self.head_dim), *rope)
+        q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
         v = v.view(n, self.num_kv_heads, self.head_dim)
-        cos, sin = rope
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         write_kv(cache_rows, layer_offset, k, v, meta)
         scale = self.head_dim**-0.5
         attn = paged_attention(q, cache_rows, layer_offset, meta, scale, self.sliding_window)
         x = x + self.o_proj(attn.reshape(n, -1))
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
+        h = self.post_attention_layernorm(x)
+        if self.mlp_dtype is not None:
+            h = h.to(self.mlp_dtype)
+        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
         return x + self.down_proj(F.silu(gate) * up)
 
 

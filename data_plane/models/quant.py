@@ -188,7 +188,7 @@ def _bits(values: torch.Tensor) -> torch.Tensor:
     return values.to(COMPUTE_DTYPE).contiguous().view(torch.int16)
 
 
-def quantized_bytes(module: nn.Module) -> int:
+def module_bytes(module: nn.Module) -> int:
     """Bytes of a module's parameters and buffers, each storage counted once."""
     seen: dict[int, int] = {}
     for tensor in (*module.parameters(), *module.buffers()):

@@ -31,7 +31,7 @@ from data_plane.models.quant import (  # noqa: E402
     Int8Embedding,
     Int8Linear,
     int4_linear,
-    quantized_bytes,
+    module_bytes,
 )
 from data_plane.threads import apply_thread_policy  # noqa: E402
 from tests.data_plane.test_gguf import (  # noqa: E402
@@ -160,7 +160,7 @@ def smollm_quantized() -> tuple[Any, Path]:
 def test_smollm_weights_occupy_at_most_the_file(smollm_quantized: tuple[Any, Path]) -> None:
     loaded, path = smollm_quantized
     assert isinstance(loaded.model.layers[0].qkv_proj, Int4Linear)  # the file's Q4_1
-    assert quantized_bytes(loaded.model) <= 1.0 * path.stat().st_size  # measured 0.96x
+    assert module_bytes(loaded.model) <= 1.0 * path.stat().st_size  # measured 0.96x
 
 
 def _prompt_logprobs(loaded: Any, tokens: list[int]) -> Any:
