@@ -4,14 +4,16 @@ One random Llama (hidden 512, 8 layers, 8 heads, 2 KV heads, vocab 32000), the s
 requests (prompts 32-512 tokens, outputs 16-256 tokens, greedy, EOS ignored). transformers
 serves them as a static server: `generate` on left-padded batches of 16 in arrival order, each
 batch running until its longest request is done (tokens past a request's own length are not
-counted). Ours serves all 64 at once. Ends with a RESULT line.
+counted). Ours serves all 64 at once. Both run in ``--dtype`` (default float32, the
+checkpoint's; bfloat16 casts both). Ends with a RESULT line.
 
-    .venv/bin/python bench/engine_cpu.py [--num-requests 64] [--threads N]
+    .venv/bin/python bench/engine_cpu.py [--num-requests 64] [--threads N] [--dtype bfloat16]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 
@@ -70,13 +72,15 @@ def run_hf(model: torch.nn.Module, requests: list[tuple[list[int], int]], batch:
     return time.perf_counter() - start
 
 
-def run_ours(directory: str, requests: list[tuple[list[int], int]]) -> tuple[float, dict]:
+def run_ours(
+    directory: str, requests: list[tuple[list[int], int]], dtype: str
+) -> tuple[float, dict]:
     from data_plane.engine.config import EngineConfig
     from data_plane.engine.llm import build_engine, generate
     from data_plane.engine.sampling import SamplingParams
     from data_plane.models import load_model
 
-    loaded = load_model(directory)
+    loaded = load_model(directory, dtype=dtype)
     engine = build_engine(loaded, EngineConfig(max_num_batched_tokens=2048, hbm_kv_gib=1.0))
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for _, n in requests]
     start = time.perf_counter()
@@ -103,19 +107,20 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     requests = make_requests(args.num_requests, args.seed)
     useful = sum(n for _, n in requests)
     with tempfile.TemporaryDirectory() as directory:
-        model = build_checkpoint(directory)
-        ours_s, split = run_ours(directory, requests)
+        model = build_checkpoint(directory).to(getattr(torch, args.dtype))
+        ours_s, split = run_ours(directory, requests, args.dtype)
         hf_s = run_hf(model, requests, batch=16)
     ours_tok_s, hf_tok_s = useful / ours_s, useful / hf_s
     print(
         f"requests={len(requests)} useful_output_tokens={useful} torch={torch.__version__} "
-        f"threads={torch.get_num_threads()}"
+        f"threads={torch.get_num_threads()} dtype={args.dtype}"
     )
     print(
         f"ours: {ours_s:.1f} s  {ours_tok_s:.1f} tok/s   transformers: {hf_s:.1f} s  "
@@ -130,7 +135,8 @@ def main() -> None:
     print(
         f"RESULT engine_cpu ours_tok_s={ours_tok_s:.1f} hf_tok_s={hf_tok_s:.1f} "
         f"ratio={ours_tok_s / hf_tok_s:.2f} model_ms_per_iter={split['model_ms_per_iter']:.2f} "
-        f"overhead_ms_per_iter={split['overhead_ms_per_iter']:.2f}"
+        f"overhead_ms_per_iter={split['overhead_ms_per_iter']:.2f} dtype={args.dtype} "
+        f"load={os.getloadavg()[0]:.2f}"
     )
 
 

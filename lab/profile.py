@@ -187,6 +187,7 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     add("--model", default="tiny-random", help="HF dir, llama2.c .bin, or tiny-random")
     add("--tokenizer", default=None)
     add("--dtype", default=None)
+    add("--quantization", default=None, help="auto | gguf | none (as serve's)")
     add("--device", default="cpu")
     add("--block-size", type=int, default=16)
     add("--transfer-backend", default="cpu", help="the KV link to measure: cpu, cuda, naive")
@@ -211,7 +212,9 @@ def _measure(args: argparse.Namespace, grid: Grid) -> tuple[ModelSizes, list[Ste
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_model(args.model, args.tokenizer, args.dtype, args.device)
+    loaded = load_model(
+        args.model, args.tokenizer, args.dtype, args.device, quantization=args.quantization
+    )
     cfg = loaded.config
     geometry = KVGeometry(
         cfg.num_layers, args.block_size, cfg.num_kv_heads, cfg.head_dim, cfg.dtype

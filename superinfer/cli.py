@@ -24,7 +24,14 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", default=None, help="float32 | bfloat16 | float16 (default: the checkpoint's)"
     )
+    parser.add_argument(
+        "--quantization",
+        default=None,
+        help="auto | gguf | none: a GGUF file's quantized weights kept quantized on the CPU "
+        "(auto, the default) or dequantized to --dtype (none)",
+    )
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--hbm-kv-gib", type=float, default=None)
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
@@ -39,6 +46,7 @@ def _generate(args: argparse.Namespace) -> int:
     from data_plane.engine.llm import build_engine, generate
     from data_plane.engine.sampling import SamplingParams
     from data_plane.models import ModelConfigError, load_model
+    from data_plane.threads import apply_thread_policy
     from shared.logs import configure_logging
     from shared.model_source import default_model, resolve_model
     from shared.policy import Knobs
@@ -46,7 +54,10 @@ def _generate(args: argparse.Namespace) -> int:
     configure_logging(json=args.json)  # on stderr: stdout holds the results alone
     try:
         path = resolve_model(args.model or default_model(), args.revision)
-        loaded = load_model(path, args.tokenizer, args.dtype, args.device, args.seed or 0)
+        apply_thread_policy(args.threads)
+        loaded = load_model(
+            path, args.tokenizer, args.dtype, args.device, args.seed or 0, args.quantization
+        )
         params = SamplingParams(
             max_tokens=args.max_tokens,
             temperature=args.temperature,
