@@ -60,7 +60,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("packed", packed)
         self.register_buffer("scale_zero_bits", _bits(scale_zeros))
         self.register_buffer("bias", bias)
-        self.half_block = _packed_half_block(packed, codes)
+        self.half_block = _int4_layout_half_block(packed, codes)
         nibbles = None if self.half_block else codes[:, 0::2] | (codes[:, 1::2] << 4)
         self.register_buffer("nibbles", nibbles)  # only when the packing's layout is unknown
 
@@ -94,7 +94,7 @@ class Int4Linear(nn.Module):
         return weight.mul_(scale).add_(zero.t().unsqueeze(-1) - 8 * scale).view(n, k)
 
 
-def _packed_half_block(packed: torch.Tensor, codes: torch.Tensor) -> int:
+def _int4_layout_half_block(packed: torch.Tensor, codes: torch.Tensor) -> int:
     """The CPU int4 packing's half block (rows per nibble half: 32 with AVX-512, 16 with AVX2)
     when ``packed`` decodes back to ``codes`` that way, else 0 (keep plain nibbles)."""
     n, k = codes.shape
