@@ -98,7 +98,7 @@ class DecoderLayer(nn.Module):
         if self.mlp_dtype is not None:
             h = h.to(self.mlp_dtype)
         gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        return x + self.down_proj(F.silu(gate) * up).to(x.dtype)  # fp16 + bf16 would be fp32
 
 
 class LlamaModel(nn.Module):

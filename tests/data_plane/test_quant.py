@@ -105,6 +105,43 @@ def test_quantized_model_within_tolerance_of_transformers(
         assert (got - want).abs().max().item() <= TINY_LOGPROB_TOL, f"prompt {index}"
 
 
+@pytest.mark.parametrize("qtype_name", ["Q4_K", "Q8_0"])
+def test_quantized_qwen2_within_tolerance_of_transformers(qtype_name: str, tmp_path: Path) -> None:
+    """Qwen2: q/k/v biases on a quantized qkv, the int8 embedding shared by the tied head."""
+    path = write_gguf(_hf_model("qwen2"), tmp_path / "qwen.gguf", "qwen2", qtype_name)
+    loaded = load_model(str(path), quantization="gguf")
+    model = loaded.model
+    assert model.layers[0].qkv_proj.bias is not None
+    assert isinstance(model.lm_head, Int8Linear) and model.lm_head.codes is model.embed_tokens.codes
+    reference = _reference(path.parent, path.name)
+    prompts = _prompts()
+    _, first_logits = engine_greedy(loaded, prompts, NUM_NEW)
+    for index, prompt in enumerate(prompts):
+        _, ref_logits = hf_greedy(reference, prompt, NUM_NEW)
+        got = torch.log_softmax(first_logits[index], dim=-1)
+        want = torch.log_softmax(ref_logits, dim=-1)
+        assert (got - want).abs().max().item() <= TINY_LOGPROB_TOL, f"prompt {index}"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_quantized_model_in_half_precision(
+    dtype: str, llama_model: torch.nn.Module, tmp_path: Path
+) -> None:
+    """``--dtype`` half with quantized layers: the residual stream stays in that dtype (the
+    MLP's bf16 output is cast back: fp16 + bf16 would promote to fp32) and the first token's
+    log-probabilities stay within 0.5 nats of transformers' fp32."""
+    path = write_gguf(llama_model, tmp_path / "h.gguf", "llama", "Q4_0")
+    loaded = load_model(str(path), dtype=dtype)
+    reference = _reference(path.parent, path.name)
+    prompts = _prompts()
+    _, first_logits = engine_greedy(loaded, prompts, NUM_NEW)
+    for index, prompt in enumerate(prompts):
+        _, ref_logits = hf_greedy(reference, prompt, NUM_NEW)
+        got = torch.log_softmax(first_logits[index].float(), dim=-1)
+        want = torch.log_softmax(ref_logits, dim=-1)
+        assert (got - want).abs().max().item() <= 0.5, f"prompt {index}"
+
+
 def test_int4_kernel_and_dense_paths_agree() -> None:
     """Decode rows go through the int4 kernel, prefill chunks through a dequantized matmul:
     both equal a float32 matmul with the same weights within bfloat16 rounding."""
