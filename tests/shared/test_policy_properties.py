@@ -205,7 +205,9 @@ def check_lvf(snapshot: Snapshot, knobs: Knobs, plan: Plan) -> None:
     assert sum(demand_blocks(v, bs) for v in joined) <= max(0, room)  # step 5: what is freed
     check_head_order(snapshot, knobs, plan, joined)
     check_tail_order(snapshot, knobs, plan, rotated, shortage)
-    if rotated and len(rotated) > len(candidates) - (snapshot.max_num_seqs - len(growth_of)):
+    # every running request holds a seat, a rotating-in one (not yet resident, no growth) too
+    num_running = len(snapshot.requests) - len(candidates)
+    if rotated and len(rotated) > len(candidates) - (snapshot.max_num_seqs - num_running):
         b_swap_max = snapshot.b_xfer_blocks + max(0, shortage)
         last = rotated_in_tail_order(rotated, snapshot, knobs)[-1]
         assert sum(credit.values()) - credit[last.request_id] < b_swap_max  # stops when paid
