@@ -93,23 +93,50 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.sched_capacity import (
+    CapacityCell,
+    capacity_fields,
+    capacity_json,
+    print_capacity,
+    run_capacity,
+)
+from bench.sched_judge import (
+    AMPLE_HBM_GIB,
+    CONTENDED,
+    GH200,
+    H200,
+    PROFILES,
+    Judgment,
+    Pair,
+    Run,
+    fields_text,
+    finite,
+    judge,
+    make_pairs,
+    merge_seeds,
+    pct,
+    result_line,
+    summarize,
+)
 from lab.costmodel import load_profile
+from lab.sim.capacity import CrossingSearch, run_searches
 from lab.sim.setup import GIB, ROTATING_POLICIES, SimSetup
 from lab.sim.sweep import SweepJob, run_sweep
-from lab.traces import load_trace
+from lab.traces import has_real_arrivals, load_trace
 from shared.policy import Knobs
 
 REPO = Path(__file__).resolve().parents[1]
 _KIT = os.environ.get("SUPERINFER_KIT")
 TRACES = Path(_KIT) / "traces" if _KIT else REPO.parent / "shared" / "traces"
-H200, GH200 = "h200-llama3-8b", "gh200-llama3-8b"
-PROFILES = (H200, GH200)
 MAIN_POLICIES = ("vllm", "lvf")
 PEER_POLICIES = ("vllm-priority", "swap", "edf")
 RATE_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -117,18 +144,11 @@ QUICK_FACTORS = (0.5, 2.0)
 DURATION_S, QUICK_DURATION_S = 40.0, 10.0
 DRAM_PER_HBM = 8.0
 SEARCH_TOL, QUICK_SEARCH_TOL = 1.1, 1.5  # stop when the bracket's hi / lo is at most this
-MAX_PROBES = 12
-MIN_SEARCH_RPS, MAX_SEARCH_RPS = 0.01, 256.0  # the search stops outside (no crossing)
 STATS_ROWS = 1000  # rows read to size a trace not in the table
 AUTO_HBM_REQUESTS = 16
 B_XFER_SWEEP = (300, 1200, 2400, 4800)
 RESIDENCY_SWEEP = (0.25, 0.5, 1.0)  # seconds; 0 is the paper's LVF (the main rows)
-CONTENDED = 0.5  # vllm TTFT attainment below this: a contended rate
-MIN_RATIO = 0.95  # (a)
-GAIN_PTS = {GH200: 40.0, H200: 20.0}  # (b)
-MAX_TBT_LOSS_PTS = 5.0
-MIN_CONTENDED_TPUT = 0.98
-AMPLE_HBM_GIB = 128.0  # the reference run at each (b) point: vllm where memory does not bind
+NUM_SEEDS, QUICK_SEEDS = 5, 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +252,7 @@ def make_job(
     args: argparse.Namespace,
     label: str = "",
     knobs: Knobs | None = None,
+    seed: int | None = None,
     **setup_changes: Any,
 ) -> SweepJob:
     fields: dict[str, Any] = {"b_xfer": "auto", **setup_changes}
@@ -245,86 +266,59 @@ def make_job(
         policy,
         knobs or Knobs(**args.knobs),
         setup,
-        seed=args.seed,
+        seed=args.seed if seed is None else seed,
         label=label or policy,
         horizon_s=horizon_s(args.duration),
+        hawkes=0.0 if has_real_arrivals(str(w.path)) else args.hawkes,
     )
 
 
 # --- the knee search (vllm only) -------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class KneeSearch:
-    """Where vllm's TTFT attainment crosses 50 %: from ``start``, step up or down by ``step``,
-    ``step**2``, ``step**3``... until the crossing is bracketed, then bisect geometrically
-    until hi / lo <= ``tol``. A start from the table steps by ``tol`` (two probes when the
-    table still holds), a start from an estimate by 2."""
-
-    start: float
-    tol: float
-    step: float = 2.0
-    probes: list[tuple[float, float]] = field(default_factory=list)  # (rps, TTFT attainment)
-    table_knee: float | None = None  # set: no search, this is the knee
-
-    def bracket(self) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
-        """(highest probe at >= 50 %, lowest probe above it at < 50 %), either may be None."""
-        ok = [p for p in self.probes if p[1] >= CONTENDED]
-        lo = max(ok) if ok else None
-        bad = [p for p in self.probes if p[1] < CONTENDED and (lo is None or p[0] > lo[0])]
-        return lo, (min(bad) if bad else None)
-
-    def next_rate(self) -> float | None:
-        """The next rate to probe, None when done."""
-        if self.table_knee is not None or len(self.probes) >= MAX_PROBES:
-            return None
-        if not self.probes:
-            return self.start
-        lo, hi = self.bracket()
-        widen = self.step ** min(len(self.probes), 3)
-        if lo is None:
-            return None if hi is None or hi[0] <= MIN_SEARCH_RPS else hi[0] / widen
-        if hi is None:
-            return None if lo[0] >= MAX_SEARCH_RPS else min(lo[0] * widen, MAX_SEARCH_RPS)
-        return None if hi[0] / lo[0] <= self.tol * (1 + 1e-9) else math.sqrt(lo[0] * hi[0])
-
-    def knee(self) -> float:
-        """The crossing, interpolated linearly inside the final bracket."""
-        if self.table_knee is not None:
-            return self.table_knee
-        lo, hi = self.bracket()
-        if lo is None or hi is None:
-            return (hi or lo or (self.start, 0.0))[0]
-        span = lo[1] - hi[1]
-        frac = (lo[1] - CONTENDED) / span if span > 0 else 0.5
-        return lo[0] + frac * (hi[0] - lo[0])
-
-
 def calibrate(
     workloads: Sequence[Workload], args: argparse.Namespace
-) -> dict[tuple[str, str], KneeSearch]:
-    """Every (trace, profile)'s knee; the searches advance in lock step, one vllm run each per
-    round, the round's runs spread over ``args.workers`` processes."""
+) -> dict[tuple[str, str], CrossingSearch]:
+    """Every (trace, profile)'s knee, where vllm's TTFT attainment crosses 50 %: a start from
+    the table steps by ``tol`` (two probes when the table still holds), one from an estimate
+    by 2; the searches advance in lock step over ``args.workers`` processes."""
     tol = QUICK_SEARCH_TOL if args.quick else SEARCH_TOL
-    searches: dict[tuple[str, str], KneeSearch] = {}
+    searches: dict[tuple[str, str], CrossingSearch] = {}
     for w in workloads:
         for profile in PROFILES:
             known = w.knees.get(profile)
-            search = KneeSearch(known or w.start_rps, tol, tol if known else 2.0)
+            search = CrossingSearch(known or w.start_rps, CONTENDED, tol, tol if known else 2.0)
             if known is not None and not args.search:
-                search.table_knee = known
+                search.fixed = known
             searches[(w.name, profile)] = search
     by_name = {w.name: w for w in workloads}
-    while True:
-        step = [(key, s, s.next_rate()) for key, s in searches.items()]
-        todo = [(key, s, rate) for key, s, rate in step if rate is not None]
-        if not todo:
-            return searches
-        jobs = [make_job(by_name[k[0]], k[1], rate, "vllm", args) for k, _, rate in todo]
-        for (key, s, rate), (row, _) in zip(todo, run_sweep(jobs, args.workers), strict=True):
-            s.probes.append((rate, row["ttft_attainment"]))
-            attained = _pct(row["ttft_attainment"])
-            print(f"  search {key[0]} {key[1]}: vllm @ {rate:.3g}: TTFT {attained} %", flush=True)
+
+    def job(key: tuple[str, str], rate: float) -> SweepJob:
+        return make_job(by_name[key[0]], key[1], rate, "vllm", args)
+
+    def show(key: tuple[str, str], rate: float, row: dict[str, Any]) -> None:
+        name, profile = key
+        attained = pct(row["ttft_attainment"])
+        print(f"  search {name} {profile}: vllm @ {rate:.3g}: TTFT {attained} %", flush=True)
+
+    run_searches(searches, job, "ttft_attainment", args.workers, show)
+    return searches
+
+
+def capacity_cells(
+    workloads: Sequence[Workload],
+    searches: dict[tuple[str, str], CrossingSearch],
+    args: argparse.Namespace,
+) -> list[CapacityCell]:
+    """vllm's and lvf's SLO capacity on every trace and profile, over ``args.seeds`` seeds."""
+    by_name = {w.name: w for w in workloads}
+    cells = [(w.name, p, searches[(w.name, p)].crossing()) for w in workloads for p in PROFILES]
+    tol = QUICK_SEARCH_TOL if args.quick else SEARCH_TOL
+
+    def job(name: str, profile: str, rps: float, policy: str, seed: int) -> SweepJob:
+        return make_job(by_name[name], profile, rps, policy, args, seed=seed)
+
+    return run_capacity(cells, MAIN_POLICIES, seeds(args), tol, job, args.workers)
 
 
 def sweep_rates(knee: float, quick: bool) -> list[tuple[float, float]]:
@@ -338,32 +332,28 @@ def sweep_rates(knee: float, quick: bool) -> list[tuple[float, float]]:
 # --- the main sweep --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Run:
-    workload: str
-    profile: str
-    factor: float  # rate / knee (0 for ablation runs)
-    job: SweepJob
-    row: dict[str, Any]
-    details: dict[str, Any]
-
-
 Planned = tuple[str, str, float, SweepJob]
 
 
 def main_plan(
     workloads: Sequence[Workload],
-    searches: dict[tuple[str, str], KneeSearch],
+    searches: dict[tuple[str, str], CrossingSearch],
     args: argparse.Namespace,
 ) -> list[Planned]:
     policies = MAIN_POLICIES + (PEER_POLICIES if args.all_policies else ())
     return [
-        (w.name, profile, factor, make_job(w, profile, rps, policy, args))
+        (w.name, profile, factor, make_job(w, profile, rps, policy, args, seed=seed))
         for w in workloads
         for profile in PROFILES
-        for factor, rps in sweep_rates(searches[(w.name, profile)].knee(), args.quick)
+        for factor, rps in sweep_rates(searches[(w.name, profile)].crossing(), args.quick)
         for policy in policies
+        for seed in seeds(args)
     ]
+
+
+def seeds(args: argparse.Namespace) -> list[int]:
+    """The seeds of arrivals every judged rate and capacity search runs on."""
+    return [args.seed + i for i in range(args.seeds)]
 
 
 def run_plan(plan: Sequence[Planned], workers: int) -> list[Run]:
@@ -383,7 +373,7 @@ def run_plan(plan: Sequence[Planned], workers: int) -> list[Run]:
         name, profile = plan[order[index]][:2]
         print(
             f"  [{done}/{len(jobs)}] {profile} {name} {job.name} @ {job.rps:g}: "
-            f"TTFT {_pct(row['ttft_attainment'])} % TBT {_pct(row['tbt_attainment'])} %",
+            f"TTFT {pct(row['ttft_attainment'])} % TBT {pct(row['tbt_attainment'])} %",
             flush=True,
         )
 
@@ -395,231 +385,31 @@ def run_plan(plan: Sequence[Planned], workers: int) -> list[Run]:
     return [runs[i] for i in range(len(plan))]
 
 
-def _ratio(a: float, b: float) -> float:
-    """a / b; 1.0 when both are 0 (equal), inf when only b is."""
-    if b > 0:
-        return a / b
-    return 1.0 if a <= 0 else math.inf
-
-
-@dataclass(frozen=True, slots=True)
-class Pair:
-    """lvf against vllm at one (trace, profile, rate)."""
-
-    workload: str
-    profile: str
-    factor: float
-    rps: float
-    vllm: dict[str, Any]
-    lvf: dict[str, Any]
-
-    @property
-    def goodput_ratio(self) -> float:
-        return _ratio(self.lvf["goodput_rps"], self.vllm["goodput_rps"])
-
-    @property
-    def tput_ratio(self) -> float:
-        return _ratio(self.lvf["output_tokens_per_s"], self.vllm["output_tokens_per_s"])
-
-    @property
-    def ttft_gain_pts(self) -> float:
-        return 100 * (self.lvf["ttft_attainment"] - self.vllm["ttft_attainment"])
-
-    @property
-    def tbt_delta_pts(self) -> float:
-        return 100 * (self.lvf["tbt_attainment"] - self.vllm["tbt_attainment"])
-
-    @property
-    def contended(self) -> bool:
-        return bool(self.vllm["ttft_attainment"] < CONTENDED)
-
-    @property
-    def side_ok(self) -> bool:
-        """(b)'s side conditions: TBT at most 5 points lower, tokens/s >= 0.98x."""
-        return self.tbt_delta_pts >= -MAX_TBT_LOSS_PTS and self.tput_ratio >= MIN_CONTENDED_TPUT
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "trace": self.workload,
-            "profile": self.profile,
-            "factor": self.factor,
-            "rps": self.rps,
-            "vllm_ttft": self.vllm["ttft_attainment"],
-            "goodput_ratio": _finite(self.goodput_ratio),
-            "tput_ratio": _finite(self.tput_ratio),
-            "ttft_gain_pts": self.ttft_gain_pts,
-            "tbt_delta_pts": self.tbt_delta_pts,
-            "contended": self.contended,
-        }
-
-
-def make_pairs(runs: Sequence[Run]) -> list[Pair]:
-    by = {(r.workload, r.profile, r.job.rps, r.job.name): r for r in runs}
-    return [
-        Pair(r.workload, r.profile, r.factor, r.job.rps, r.row, lvf.row)
-        for r in runs
-        if r.job.name == "vllm"
-        and (lvf := by.get((r.workload, r.profile, r.job.rps, "lvf"))) is not None
-    ]
-
-
-# --- judgments -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Judgment:
-    kind: str  # "a": ratios at every rate; "b": the contended gain
-    workload: str
-    profile: str
-    passed: bool
-    required: bool
-    text: str
-    point: Pair | None = None  # (b): the contended rate judged
-    ample_ttft: float | None = None  # (b): vllm's TTFT attainment there with ample HBM
-
-    def line(self) -> str:
-        verdict = "PASS" if self.passed else "FAIL"
-        note = "" if self.required else " (for information)"
-        return f"{verdict} ({self.kind}) {self.workload} on {self.profile}{note}: {self.text}"
-
-    @property
-    def memory_gap_pts(self) -> float:
-        """(b): vllm's TTFT attainment with ample HBM less its attainment at this HBM: what
-        memory costs vllm at this point (nan without the reference run)."""
-        if self.point is None or self.ample_ttft is None:
-            return math.nan
-        return 100 * (self.ample_ttft - self.point.vllm["ttft_attainment"])
-
-    def reference_line(self) -> str:
-        """(b)'s gain beside what memory costs vllm at the same point."""
-        p = self.point
-        if p is None or self.ample_ttft is None:
-            return ""
-        share = p.ttft_gain_pts / self.memory_gap_pts if self.memory_gap_pts > 0 else math.nan
-        return (
-            f"  reference {self.workload} on {self.profile} at {p.rps:g} req/s: vllm with "
-            f"{AMPLE_HBM_GIB:g} GiB HBM {_pct(self.ample_ttft).strip()} % TTFT: memory costs "
-            f"vllm {self.memory_gap_pts:.1f} pts here, lvf wins back {p.ttft_gain_pts:+.1f} "
-            f"({100 * share:.0f} %)"
-        )
-
-
-def judge_ratios(cell: Sequence[Pair], required: bool = True) -> Judgment:
-    """(a): lvf's goodput and tokens/s >= 0.95x vllm's at every rate of one trace and profile."""
-    worst_g = min(cell, key=lambda p: p.goodput_ratio)
-    worst_t = min(cell, key=lambda p: p.tput_ratio)
-    passed = worst_g.goodput_ratio >= MIN_RATIO and worst_t.tput_ratio >= MIN_RATIO
-    text = (
-        f"worst goodput ratio {worst_g.goodput_ratio:.3f} at {worst_g.rps:g} req/s, "
-        f"worst tok/s ratio {worst_t.tput_ratio:.3f} at {worst_t.rps:g} req/s "
-        f"(need >= {MIN_RATIO:g})"
-    )
-    return Judgment("a", cell[0].workload, cell[0].profile, passed, required, text)
-
-
-def best_contended(cell: Sequence[Pair]) -> Pair | None:
-    """The contended rate meeting (b)'s side conditions with the largest TTFT gain, else the
-    contended rate with the largest gain; None when vllm is >= 50 % at every rate."""
-    hot = [p for p in cell if p.contended]
-    return max(hot, key=lambda p: (p.side_ok, p.ttft_gain_pts), default=None)
-
-
-def judge_contended(cell: Sequence[Pair], required: bool) -> Judgment:
-    """(b) on one trace and profile (see the module docstring)."""
-    workload, profile = cell[0].workload, cell[0].profile
-    p = best_contended(cell)
-    if p is None:
-        text = "no contended rate (vllm TTFT attainment >= 50 % at every rate)"
-        return Judgment("b", workload, profile, False, required, text)
-    need = GAIN_PTS[profile]
-    passed = p.ttft_gain_pts >= need and p.side_ok
-    text = (
-        f"at {p.rps:g} req/s vllm TTFT {_pct(p.vllm['ttft_attainment']).strip()} % -> lvf "
-        f"{_pct(p.lvf['ttft_attainment']).strip()} % ({p.ttft_gain_pts:+.1f} pts, need "
-        f">= +{need:g}), TBT {p.tbt_delta_pts:+.1f} pts (need >= -{MAX_TBT_LOSS_PTS:g}), "
-        f"tok/s {p.tput_ratio:.3f}x (need >= {MIN_CONTENDED_TPUT:g})"
-    )
-    return Judgment("b", workload, profile, passed, required, text, p)
-
-
-def judge(pairs: Sequence[Pair], workloads: Sequence[Workload]) -> list[Judgment]:
-    out = []
-    for w in workloads:
-        for profile in PROFILES:
-            cell = sorted(
-                (p for p in pairs if p.workload == w.name and p.profile == profile),
-                key=lambda p: p.rps,
-            )
-            if cell:
-                out += [judge_ratios(cell), judge_contended(cell, w.required)]
-    return out
-
-
-def summarize(pairs: Sequence[Pair], judgments: Sequence[Judgment]) -> dict[str, float]:
-    """The RESULT line's figures (nan where nothing was judged)."""
-    b = [j for j in judgments if j.kind == "b"]
-    gated = [j for j in b if j.required] or b
-
-    def gain(profile: str) -> float:
-        points = [j.point for j in gated if j.profile == profile]
-        if not points or any(p is None for p in points):
-            return math.nan
-        return min(p.ttft_gain_pts for p in points if p is not None)
-
-    points = [j.point for j in gated if j.point is not None]
-    return {
-        "worst_goodput_ratio": min((p.goodput_ratio for p in pairs), default=math.nan),
-        "worst_tput_ratio": min((p.tput_ratio for p in pairs), default=math.nan),
-        "gh200_gain_pts": gain(GH200),
-        "h200_gain_pts": gain(H200),
-        "tbt_delta_pts": min((p.tbt_delta_pts for p in points), default=math.nan),
-        "gh200_memory_gap_pts": _gap(gated, GH200),
-        "h200_memory_gap_pts": _gap(gated, H200),
-    }
-
-
-def _gap(gated: Sequence[Judgment], profile: str) -> float:
-    """The memory gap at the (b) point whose gain is the profile's headline (the smallest)."""
-    judged = [j for j in gated if j.profile == profile and j.point is not None]
-    if not judged:
-        return math.nan
-    return min(judged, key=lambda j: j.point.ttft_gain_pts if j.point else math.inf).memory_gap_pts
-
-
-def result_line(summary: dict[str, float]) -> str:
-    return (
-        f"RESULT sched_compare worst_goodput_ratio={summary['worst_goodput_ratio']:.3f}"
-        f" worst_tput_ratio={summary['worst_tput_ratio']:.3f}"
-        f" gh200_gain_pts={summary['gh200_gain_pts']:.1f}"
-        f" h200_gain_pts={summary['h200_gain_pts']:.1f}"
-        f" tbt_delta_pts={summary['tbt_delta_pts']:.1f}"
-        f" gh200_memory_gap_pts={summary.get('gh200_memory_gap_pts', math.nan):.1f}"
-        f" h200_memory_gap_pts={summary.get('h200_memory_gap_pts', math.nan):.1f}"
-    )
-
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
 def with_ample_reference(
     judgments: Sequence[Judgment], workloads: Sequence[Workload], args: argparse.Namespace
 ) -> list[Judgment]:
     """Each (b) judgment with vllm's TTFT attainment at its rate when HBM is ample (one vllm
-    run per point): where even that is low, the trace's bursts or compute bind, and no memory
-    policy that keeps requests in arrival order can gain much over vllm there."""
+    run per point and seed): where even that is low, the trace's bursts or compute bind, and no
+    memory policy that keeps requests in arrival order can gain much over vllm there."""
     points = [(j, j.point) for j in judgments if j.kind == "b" and j.point is not None]
     by_name = {w.name: w for w in workloads}
     plan: list[Planned] = []
     for j, p in points:
         ample = replace(by_name[j.workload], hbm_kv_gib=AMPLE_HBM_GIB)
-        job = make_job(ample, j.profile, p.rps, "vllm", args, f"vllm ample HBM {j.profile}")
-        plan.append((j.workload, j.profile, 0.0, job))
-    refs = {
-        id(j): r.row["ttft_attainment"]
-        for (j, _), r in zip(points, run_plan(plan, args.workers), strict=True)
-    }
-    return [replace(j, ample_ttft=refs[id(j)]) if id(j) in refs else j for j in judgments]
+        label = f"vllm ample HBM {j.profile}"
+        for seed in seeds(args):
+            job = make_job(ample, j.profile, p.rps, "vllm", args, label, seed=seed)
+            plan.append((j.workload, j.profile, 0.0, job))
+    refs: dict[int, list[float]] = {}
+    per_point = [j for j, _ in points for _ in seeds(args)]
+    for j, r in zip(per_point, run_plan(plan, args.workers), strict=True):
+        refs.setdefault(id(j), []).append(r.row["ttft_attainment"])
+    return [
+        replace(j, ample_ttft=sum(refs[id(j)]) / len(refs[id(j)]), ample_seeds=tuple(refs[id(j)]))
+        if id(j) in refs
+        else j
+        for j in judgments
+    ]
 
 
 # --- ablation (--ablation) -------------------------------------------------------------------
@@ -669,21 +459,19 @@ def ablation_plan(
 
 
 def ablation_summary(extra: Sequence[Run], runs: Sequence[Run]) -> list[dict[str, Any]]:
-    """Each ablation run against vllm's main row at the same trace, profile and rate."""
-    vllm = {(r.workload, r.profile, r.job.rps): r.row for r in runs if r.job.name == "vllm"}
+    """Each ablation run against vllm's main row at the same trace, profile, rate and seed."""
+    vllm = {
+        (r.workload, r.profile, r.job.rps, r.job.seed): r.row for r in runs if r.job.name == "vllm"
+    }
     out = []
     for r in extra:
-        base = vllm[(r.workload, r.profile, r.job.rps)]
+        base = vllm[(r.workload, r.profile, r.job.rps, r.job.seed)]
         pair = Pair(r.workload, r.profile, 0.0, r.job.rps, base, r.row)
         out.append({"label": r.job.name, **pair.as_dict()})
     return out
 
 
 # --- output ----------------------------------------------------------------------------------
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:5.1f}"
 
 
 def print_rows(title: str, runs: Sequence[Run]) -> None:
@@ -699,8 +487,8 @@ def print_rows(title: str, runs: Sequence[Run]) -> None:
         tbt99 = "-" if r["tbt_p99_s"] is None else f"{1000 * r['tbt_p99_s']:.0f}"
         factor = f"{run.factor:5.2f}" if run.factor else "    -"
         print(
-            f"{job.name:28s} {job.rps:6g} {factor} {_pct(r['ttft_attainment']):>6s} "
-            f"{_pct(r['tbt_attainment']):>6s} {_pct(r['tpot_attainment']):>6s} "
+            f"{job.name:28s} {job.rps:6g} {factor} {pct(r['ttft_attainment']):>6s} "
+            f"{pct(r['tbt_attainment']):>6s} {pct(r['tpot_attainment']):>6s} "
             f"{r['goodput_rps']:7.2f} {r['output_tokens_per_s']:7.0f} {p99:>8s} {tbt99:>8s} "
             f"{r['rotations']:7d} {r['preemptions']:7d} {r['bytes_h2d'] / 1e9:7.0f} "
             f"{r['exposed_transfer_s']:7.2f} {d['num_unfinished']:5d} {d['wall_s']:6.1f}"
@@ -718,27 +506,27 @@ def print_pairs(cell: Sequence[Pair]) -> None:
     for p in cell:
         mark = "contended" if p.contended else ""
         print(
-            f"  {'':8s} {p.rps:6g} {p.factor:5.2f} {_pct(p.vllm['ttft_attainment']):>9s} "
+            f"  {'':8s} {p.rps:6g} {p.factor:5.2f} {pct(p.vllm['ttft_attainment']):>9s} "
             f"{p.goodput_ratio:7.3f}x {p.tput_ratio:6.3f}x {p.ttft_gain_pts:+8.1f} "
             f"{p.tbt_delta_pts:+8.1f}  {mark}"
         )
 
 
 def print_calibration(
-    workloads: Sequence[Workload], searches: dict[tuple[str, str], KneeSearch], quick: bool
+    workloads: Sequence[Workload], searches: dict[tuple[str, str], CrossingSearch], quick: bool
 ) -> None:
     print("\n== knees (vllm TTFT attainment crosses 50 %) and the rates swept")
     for w in workloads:
         for profile in PROFILES:
             s = searches[(w.name, profile)]
-            how = "table" if s.table_knee is not None else "searched"
-            if s.table_knee is None and None in s.bracket():
+            how = "table" if s.fixed is not None else "searched"
+            if s.fixed is None and None in s.bracket():
                 how = "NO 50 % CROSSING, searched"
             probes = " ".join(f"{rps:.3g}:{100 * a:.0f}%" for rps, a in sorted(s.probes))
-            rates = ", ".join(f"{rps:g}" for _, rps in sweep_rates(s.knee(), quick))
+            rates = ", ".join(f"{rps:g}" for _, rps in sweep_rates(s.crossing(), quick))
             print(
                 f"{w.name:12s} {profile:16s} HBM {w.hbm_kv_gib:g} GiB DRAM {w.dram_kv_gib:g} GiB"
-                f" knee {s.knee():.3g} req/s ({how}{': ' + probes if probes else ''})"
+                f" knee {s.crossing():.3g} req/s ({how}{': ' + probes if probes else ''})"
                 f"  rates {rates}"
             )
 
@@ -764,7 +552,7 @@ def _plots(out: Path, runs: Sequence[Run], workloads: Sequence[Workload]) -> Non
 
 
 def calibration_json(
-    workloads: Sequence[Workload], searches: dict[tuple[str, str], KneeSearch], quick: bool
+    workloads: Sequence[Workload], searches: dict[tuple[str, str], CrossingSearch], quick: bool
 ) -> list[dict[str, Any]]:
     return [
         {
@@ -774,10 +562,10 @@ def calibration_json(
             "hbm_kv_gib": w.hbm_kv_gib,
             "dram_kv_gib": w.dram_kv_gib,
             "required": w.required,
-            "knee_rps": searches[(w.name, profile)].knee(),
-            "knee_from_table": searches[(w.name, profile)].table_knee is not None,
+            "knee_rps": searches[(w.name, profile)].crossing(),
+            "knee_from_table": searches[(w.name, profile)].fixed is not None,
             "probes": searches[(w.name, profile)].probes,
-            "rates": [rps for _, rps in sweep_rates(searches[(w.name, profile)].knee(), quick)],
+            "rates": [rps for _, rps in sweep_rates(searches[(w.name, profile)].crossing(), quick)],
         }
         for w in workloads
         for profile in PROFILES
@@ -795,6 +583,9 @@ def write_json(args: argparse.Namespace, out: dict[str, Any], wall_s: float) -> 
         "all_policies": args.all_policies,
         "knobs": repr(Knobs(**args.knobs)),
         "prefix_caching": args.prefix_caching,
+        "seeds": args.seeds,
+        "hawkes": args.hawkes,
+        "capacity": args.capacity,
     }
     path = args.out / "sched_compare.json"
     path.write_text(json.dumps({"config": config, **out}, indent=2) + "\n", encoding="utf-8")
@@ -805,10 +596,12 @@ def report(
     args: argparse.Namespace,
     workloads: Sequence[Workload],
     runs: Sequence[Run],
+    seed_runs: Sequence[Run],
     extra: Sequence[Run],
     judgments: Sequence[Judgment],
 ) -> dict[str, float]:
-    """The tables, the judgments and the summary (the RESULT line is left to the caller)."""
+    """The tables (``runs``: over the seeds), the judgments and the summary (the RESULT line
+    is left to the caller); the ablation is read against ``seed_runs`` of its seed."""
     pairs = make_pairs(runs)
     for w in workloads:
         for profile in PROFILES:
@@ -822,7 +615,7 @@ def report(
             print_pairs([p for p in pairs if (p.workload, p.profile) == (w.name, profile)])
     if extra:
         print_rows("ablation and B_xfer sweep (lvf variants at the key rate)", extra)
-        for a in ablation_summary(extra, runs):
+        for a in ablation_summary(extra, seed_runs):
             tput = "inf" if a["tput_ratio"] is None else f"{a['tput_ratio']:.3f}"
             print(
                 f"  {a['label']:28s} vs vllm @ {a['rps']:g}: TTFT {a['ttft_gain_pts']:+.1f} pts,"
@@ -850,7 +643,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help=f"seconds of arrivals (default {DURATION_S:g}, quick {QUICK_DURATION_S:g})",
     )
-    add("--seed", type=int, default=0)
+    add("--seed", type=int, default=0, help="the first seed of arrivals")
+    add(
+        "--seeds",
+        type=int,
+        default=None,
+        help=f"seeds of arrivals per capacity search (default {NUM_SEEDS}, quick {QUICK_SEEDS})",
+    )
+    add(
+        "--capacity",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="SLO capacity of vllm and lvf per trace and profile, over the seeds",
+    )
+    add("--capacity-only", action="store_true", help="only the knees and the capacity searches")
+    add(
+        "--hawkes",
+        type=float,
+        default=0.0,
+        help="generated arrivals (ShareGPT, arXiv) from a Hawkes process of this branching "
+        "ratio (kernel mean 1 s) instead of Poisson; real traces keep their own",
+    )
     add("--traces-dir", type=Path, default=TRACES, help=f"the kit's traces (default {TRACES})")
     add("--trace", action="append", default=[], help="a kit name or a trace file (repeatable)")
     add("--hbm-gib", type=float, default=None, help="HBM KV pool for every trace (DRAM 8x)")
@@ -891,17 +704,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.duration = args.duration or (QUICK_DURATION_S if args.quick else DURATION_S)
     args.search = not args.quick if args.search is None else args.search
+    args.seeds = args.seeds or (QUICK_SEEDS if args.quick else NUM_SEEDS)
+    if args.seeds < 1:
+        parser.error(f"--seeds must be >= 1, got {args.seeds}")
+    if args.capacity_only and not args.capacity:
+        parser.error("--capacity-only and --no-capacity contradict each other")
     args.ablation = not args.quick if args.ablation is None else args.ablation
     return args
 
 
 def results_json(
+    seed_runs: Sequence[Run],
     runs: Sequence[Run],
     extra: Sequence[Run],
     judgments: Sequence[Judgment],
     summary: dict[str, float],
 ) -> dict[str, Any]:
-    every = [*runs, *extra]
+    every = [*seed_runs, *extra]
     return {
         "results": [r.row for r in every],
         "details": [{**r.details, "trace_name": r.workload, "factor": r.factor} for r in every],
@@ -916,12 +735,12 @@ def results_json(
                 "rps": None if j.point is None else j.point.rps,
                 "text": j.text,
                 "ample_hbm_vllm_ttft": j.ample_ttft,
-                "memory_gap_pts": _finite(j.memory_gap_pts),
+                "memory_gap_pts": finite(j.memory_gap_pts),
             }
             for j in judgments
         ],
-        "ablation": ablation_summary(extra, runs),
-        "summary": {k: _finite(v) for k, v in summary.items()},
+        "ablation": ablation_summary(extra, seed_runs),
+        "summary": {k: finite(v) for k, v in summary.items()},
     }
 
 
@@ -940,7 +759,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.calibrate_only:
         write_json(args, out, time.perf_counter() - t0)
         return 0
-    runs = run_plan(main_plan(workloads, searches, args), args.workers)
+    capacity = capacity_cells(workloads, searches, args) if args.capacity else []
+    out["capacity"] = capacity_json(capacity)
+    if args.capacity_only:
+        print_capacity(capacity)
+        write_json(args, out, time.perf_counter() - t0)
+        print(f"RESULT sched_capacity {fields_text(capacity_fields(capacity))}")
+        return 0
+    seed_runs = run_plan(main_plan(workloads, searches, args), args.workers)
+    runs = merge_seeds(seed_runs)  # one per variant and rate: the mean over the seeds
     extra: list[Run] = []
     if args.ablation:
         first = judge(make_pairs(runs), workloads[:1])
@@ -948,12 +775,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     judgments = judge(make_pairs(runs), workloads)
     if args.reference:
         judgments = with_ample_reference(judgments, workloads, args)
-    summary = report(args, workloads, runs, extra, judgments)
-    out |= results_json(runs, extra, judgments, summary)
+    summary = report(args, workloads, runs, seed_runs, extra, judgments)
+    print_capacity(capacity)
+    summary |= capacity_fields(capacity)
+    out |= results_json(seed_runs, runs, extra, judgments, summary)
     write_json(args, out, time.perf_counter() - t0)
     if not args.no_plots:
         _plots(args.out, runs, workloads)
-    print(f"wall {time.perf_counter() - t0:.0f} s ({len(runs) + len(extra)} runs)")
+    print(f"wall {time.perf_counter() - t0:.0f} s ({len(seed_runs) + len(extra)} runs)")
     print(result_line(summary))
     return 0
 

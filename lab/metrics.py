@@ -14,7 +14,9 @@ Definitions (SUPERINFER.md §1, §7):
   first; met when TPOT <= S_B. A one-token request meets it (nothing to wait for); a request
   with no token, or one that did not finish (a run cut at a time horizon), misses it.
 - goodput = requests meeting both the TTFT and TPOT SLOs, per second of the run (vLLM's
-  ``--goodput ttft:... tpot:...``); output token throughput = output tokens per second.
+  ``--goodput ttft:... tpot:...``); SLO attainment = the fraction of requests meeting both
+  (DistServe's: a rate is within capacity when it is >= 90 %); output token throughput =
+  output tokens per second.
 
 The run's duration is the first arrival to the last token (the queue's drain included), unless
 the caller passes one. Percentiles interpolate linearly (numpy's default); None when there is
@@ -38,6 +40,7 @@ ROW_KEYS = (
     "ttft_attainment",
     "tbt_attainment",
     "tpot_attainment",
+    "slo_attainment",
     "goodput_rps",
     "output_tokens_per_s",
     "ttft_p50_s",
@@ -69,6 +72,7 @@ class SloSummary:
     ttft_attainment: float
     tbt_attainment: float
     tpot_attainment: float
+    slo_attainment: float  # requests meeting both TTFT and TPOT, of all requests
     goodput_rps: float
     output_tokens_per_s: float
     ttft_p50_s: float | None
@@ -163,6 +167,7 @@ def summarize(timelines: Sequence[RequestTimeline], duration_s: float | None = N
         ttft_attainment=sum(ttft_ok) / n if n else 1.0,
         tbt_attainment=float(np.mean(gaps <= gap_slos + SLO_EPS_S)) if len(gaps) else 1.0,
         tpot_attainment=sum(tpot_ok) / n if n else 1.0,
+        slo_attainment=num_good / n if n else 1.0,
         goodput_rps=num_good / duration if duration > 0 else 0.0,
         output_tokens_per_s=num_tokens / duration if duration > 0 else 0.0,
         ttft_p50_s=percentile(ttfts, 50),
@@ -180,6 +185,7 @@ def slo_fields(summary: SloSummary) -> dict[str, float | None]:
         "ttft_attainment": summary.ttft_attainment,
         "tbt_attainment": summary.tbt_attainment,
         "tpot_attainment": summary.tpot_attainment,
+        "slo_attainment": summary.slo_attainment,
         "goodput_rps": summary.goodput_rps,
         "output_tokens_per_s": summary.output_tokens_per_s,
         "ttft_p50_s": summary.ttft_p50_s,

@@ -12,7 +12,9 @@ The format is detected from the file's first line (JSON object or CSV header), n
 name. Real arrivals are taken relative to the first; with ``rps`` their gaps are scaled by one
 factor so the mean rate equals ``rps`` while the burst shape is kept. Generated arrivals follow
 vLLM's ``--burstiness``: gamma gaps with shape ``burstiness`` and scale ``1 / (rps * burstiness)``
-(1.0 = Poisson).
+(1.0 = Poisson), or with ``hawkes`` > 0 a self-exciting process of that branching ratio
+(``lab/arrivals.py``). ``seed`` draws the generated arrivals and lengths; for a real trace it picks
+the window: seed 0 its first rows, seed k the k-th next run of as many rows (wrapping).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from datetime import datetime
 from pathlib import Path
 
 import numpy as np
+
+from lab.arrivals import check_hawkes, hawkes_arrivals
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 STATS_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
@@ -79,6 +83,8 @@ def load_trace(
     seed: int = 0,
     max_input_len: int | None = None,
     max_output_len: int | None = None,
+    hawkes: float = 0.0,
+    hawkes_tau_s: float = 1.0,
 ) -> list[TraceRequest]:
     """Requests of ``spec`` sorted by arrival, the first at 0.0 (see the module docstring).
 
@@ -89,24 +95,26 @@ def load_trace(
     clip lengths; every length is at least 1 token.
     """
     _check_limits(rps, duration_s, num_requests, burstiness, max_input_len, max_output_len)
+    process = Arrivals(burstiness, hawkes, hawkes_tau_s, seed)
     if spec == "synthetic" or spec.startswith("synthetic:"):
         input_len, output_len = _parse_synthetic(spec)
         pool = np.array([[input_len, output_len]], dtype=np.int64)
-        reqs = _generate(pool, rps, duration_s, num_requests, burstiness, seed, spec)
+        reqs = _generate(pool, rps, duration_s, num_requests, process, spec)
     else:
         path = Path(spec)
         kind = _detect_format(path)
         if kind == "stats":
             pool = _read_stats_lengths(path)
-            reqs = _generate(pool, rps, duration_s, num_requests, burstiness, seed, spec)
+            reqs = _generate(pool, rps, duration_s, num_requests, process, spec)
         else:
-            if burstiness != 1.0:
-                raise ValueError(
-                    f"burstiness={burstiness} applies only to generated arrivals; {spec} has"
-                    " real arrival times (rescale them with rps instead)"
-                )
+            for name, value, default in (("burstiness", burstiness, 1.0), ("hawkes", hawkes, 0.0)):
+                if value != default:
+                    raise ValueError(
+                        f"{name}={value} applies only to generated arrivals; {spec} has"
+                        " real arrival times (rescale them with rps instead)"
+                    )
             rows = _read_azure(path) if kind == "azure" else _read_mooncake(path)
-            reqs = _real_arrivals(rows, rps, duration_s, num_requests)
+            reqs = _real_arrivals(rows, rps, duration_s, num_requests, seed)
     return [_clip(r, max_input_len, max_output_len) for r in reqs]
 
 
@@ -157,6 +165,14 @@ def _parse_synthetic(spec: str) -> tuple[int, int]:
     if input_len < 1 or output_len < 1:
         raise ValueError(f"bad synthetic spec {spec!r}: lengths must be >= 1")
     return input_len, output_len
+
+
+def has_real_arrivals(spec: str) -> bool:
+    """Whether ``spec`` brings its own arrival times (an Azure or Mooncake trace), which
+    ``burstiness`` and ``hawkes`` do not apply to."""
+    if spec == "synthetic" or spec.startswith("synthetic:"):
+        return False
+    return _detect_format(Path(spec)) != "stats"
 
 
 def _detect_format(path: Path) -> str:
@@ -255,21 +271,33 @@ def _real_arrivals(
     rps: float | None,
     duration_s: float | None,
     num_requests: int | None,
+    seed: int = 0,
 ) -> list[TraceRequest]:
     num_rows = len(rows)
     if num_requests is not None:
         num_rows = min(num_rows, num_requests)
     if rps is not None and duration_s is not None:
         num_rows = min(num_rows, round(rps * duration_s) + 1)
-    rows = rows[:num_rows]
+    start = window_start(len(rows), num_rows, seed)
+    rows = rows[start : start + num_rows]
+    origin_s = rows[0][0] if rows else 0.0
     scale = 1.0
-    span_s = rows[-1][0] if rows else 0.0
+    span_s = rows[-1][0] - origin_s if rows else 0.0
     if rps is not None and len(rows) > 1 and span_s > 0:
         scale = (len(rows) - 1) / (rps * span_s)
-    out = [TraceRequest(row[0] * scale, *row[1:]) for row in rows]
+    out = [TraceRequest((row[0] - origin_s) * scale, *row[1:]) for row in rows]
     if duration_s is not None:
         out = [r for r in out if r.arrival_s < duration_s]
     return out
+
+
+def window_start(num_rows_total: int, num_rows: int, seed: int) -> int:
+    """First row of seed ``seed``'s window of ``num_rows``: windows follow one another from the
+    trace's start and wrap round to it when the next one would run past the end."""
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    num_starts = max(1, num_rows_total - num_rows + 1)
+    return (seed * num_rows) % num_starts
 
 
 def _read_stats_lengths(path: Path) -> np.ndarray:
@@ -293,13 +321,31 @@ def _read_stats_lengths(path: Path) -> np.ndarray:
     return np.array(pairs, dtype=np.int64)
 
 
+@dataclass(frozen=True, slots=True)
+class Arrivals:
+    """How generated arrivals are drawn: gamma gaps of shape ``burstiness``, or with ``hawkes``
+    > 0 a Hawkes process of that branching ratio and kernel mean ``hawkes_tau_s``."""
+
+    burstiness: float = 1.0
+    hawkes: float = 0.0
+    hawkes_tau_s: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_hawkes(1.0, self.hawkes, self.hawkes_tau_s)
+        if self.hawkes and self.burstiness != 1.0:
+            raise ValueError(
+                f"hawkes={self.hawkes} and burstiness={self.burstiness}: a Hawkes process's "
+                "immigrants are Poisson; choose one of the two"
+            )
+
+
 def _generate(
     pool: np.ndarray,
     rps: float | None,
     duration_s: float | None,
     num_requests: int | None,
-    burstiness: float,
-    seed: int,
+    process: Arrivals,
     spec: str,
 ) -> list[TraceRequest]:
     """Generated arrivals at ``rps``, lengths drawn uniformly (with replacement) from ``pool``."""
@@ -307,8 +353,13 @@ def _generate(
         raise ValueError(f"{spec}: a length-stats or synthetic trace needs rps (arrivals are made)")
     if duration_s is None and num_requests is None:
         raise ValueError(f"{spec}: a generated trace needs duration_s or num_requests")
-    rng = np.random.default_rng(seed)
-    times_s = _arrivals_until(rps, burstiness, rng, duration_s, num_requests)
+    rng = np.random.default_rng(process.seed)
+    if process.hawkes:
+        times_s = hawkes_arrivals(
+            rps, process.hawkes, process.hawkes_tau_s, rng, duration_s, num_requests
+        )
+    else:
+        times_s = _arrivals_until(rps, process.burstiness, rng, duration_s, num_requests)
     picks = rng.integers(0, len(pool), size=len(times_s))
     return [
         TraceRequest(float(t), int(pool[i, 0]), int(pool[i, 1]))

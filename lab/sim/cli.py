@@ -35,7 +35,17 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     add("--hbm-kv-gib", type=float, default=16.0, help="HBM KV pool (GiB)")
     add("--dram-kv-gib", type=float, default=128.0, help="host DRAM KV pool (GiB); 0 = none")
     add("--burstiness", type=float, default=1.0, help="gamma shape of generated gaps (1=Poisson)")
-    add("--seed", type=int, default=0)
+    add("--seed", type=int, default=0, help="seed of arrivals (a real trace: its window)")
+    add("--seeds", type=int, default=1, help="run every point on seeds seed .. seed+N-1")
+    add("--hawkes", type=float, default=0.0, help="Hawkes arrivals: branching ratio (0 = off)")
+    add("--hawkes-tau", type=float, default=1.0, help="Hawkes kernel mean delay (s)")
+    add(
+        "--capacity",
+        action="store_true",
+        help="search each policy's SLO capacity (highest rate with >= --capacity-target of "
+        "requests meeting TTFT and TPOT) from the one --rps given, per seed",
+    )
+    add("--capacity-target", type=float, default=0.9, help="with --capacity (default 0.9)")
     add("--alpha", type=float, default=_DEFAULTS.alpha)
     add("--beta-b", type=float, default=_DEFAULTS.beta_b)
     add(
@@ -126,6 +136,14 @@ def build_jobs(args: argparse.Namespace) -> tuple[list[SweepJob], dict[str, Any]
         not args.no_eager_sync,
         prefix_caching=args.prefix_caching,
     )
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.capacity and len(rates) != 1:
+        raise ValueError(f"--capacity searches from one --rps (its start), got {args.rps!r}")
+    if not args.capacity and args.capacity_target != 0.9:
+        raise ValueError("--capacity-target applies only with --capacity")
+    if not 0 < args.capacity_target <= 1:
+        raise ValueError(f"--capacity-target must be in (0, 1], got {args.capacity_target}")
     jobs = [
         SweepJob(
             args.trace,
@@ -135,11 +153,15 @@ def build_jobs(args: argparse.Namespace) -> tuple[list[SweepJob], dict[str, Any]
             knobs,
             setup,
             args.burstiness,
-            args.seed,
+            seed,
+            label=policy if args.seeds == 1 else f"{policy} s{seed}",
             horizon_s=args.horizon,
+            hawkes=args.hawkes,
+            hawkes_tau_s=args.hawkes_tau,
         )
         for rate in rates
         for policy in policies
+        for seed in range(args.seed, args.seed + args.seeds)
     ]
     return jobs, _config(args, rates, policies, setup)
 
@@ -152,7 +174,12 @@ def _config(
         "trace",
         "duration",
         "burstiness",
+        "hawkes",
+        "hawkes_tau",
         "seed",
+        "seeds",
+        "capacity",
+        "capacity_target",
         "alpha",
         "beta_b",
         "beta_f",
@@ -261,6 +288,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.capacity:
+        from lab.sim.capacity import run_capacity_mode
+
+        return run_capacity_mode(jobs, config, args.capacity_target, args.workers, args.json)
     try:
         results = run_with_progress(jobs, args.workers)
     except ValueError as exc:  # e.g. burstiness on a trace with real arrivals
@@ -270,7 +301,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     out = {"config": config, "results": rows, "details": [d for _, d in results]}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
-    print_table(rows)
+    print_table(rows, [d["label"] for _, d in results])
     if args.plot:
         from lab.sim.plot import plot_attainment
 

@@ -34,6 +34,8 @@ class SweepJob:
     label: str = ""
     horizon_s: float | None = None  # stop the run at this virtual time (None: run to the end)
     turns: int = 0  # > 0: the trace regrouped into conversations of this many turns (sessions)
+    hawkes: float = 0.0  # > 0: Hawkes arrivals of this branching ratio (generated traces only)
+    hawkes_tau_s: float = 1.0
 
     @property
     def name(self) -> str:
@@ -42,7 +44,14 @@ class SweepJob:
 
 @functools.lru_cache(maxsize=16)
 def _trace(
-    spec: str, rps: float, duration_s: float, burstiness: float, seed: int, turns: int = 0
+    spec: str,
+    rps: float,
+    duration_s: float,
+    burstiness: float,
+    seed: int,
+    turns: int = 0,
+    hawkes: float = 0.0,
+    hawkes_tau_s: float = 1.0,
 ) -> tuple[TraceRequest, ...]:
     requests = load_trace(
         spec,
@@ -51,6 +60,8 @@ def _trace(
         num_requests=None,
         burstiness=burstiness,
         seed=seed,
+        hawkes=hawkes,
+        hawkes_tau_s=hawkes_tau_s,
     )
     return tuple(conversations(requests, turns, seed=seed) if turns else requests)
 
@@ -62,6 +73,7 @@ def details(job: SweepJob, result: SimResult) -> dict[str, Any]:
         "policy": job.policy,
         "rps": job.rps,
         "trace": job.trace,
+        "seed": job.seed,
         "profile": job.setup.profile.name,
         "transfer": job.setup.transfer,
         "eager_sync": job.setup.eager_sync,
@@ -93,7 +105,16 @@ def run_job(
     job: SweepJob, on_progress: ProgressFn | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(row, details) of one job."""
-    trace = _trace(job.trace, job.rps, job.duration_s, job.burstiness, job.seed, job.turns)
+    trace = _trace(
+        job.trace,
+        job.rps,
+        job.duration_s,
+        job.burstiness,
+        job.seed,
+        job.turns,
+        job.hawkes,
+        job.hawkes_tau_s,
+    )
     result = run_simulation(
         trace,
         job.policy,

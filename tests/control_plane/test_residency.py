@@ -87,15 +87,14 @@ async def test_the_residency_in_force_is_reported_and_survives_a_restart(
         planner.residency = ResidencyController(value_s=RESIDENCY_S, period_s=1e9)  # held there
         seen["local"].clear()  # the warm-up's steps, at build
         for phase in range(3):  # local; remote; remote from a restarted control plane
-            await _push(redis_client, [_submit(10 * phase + i, p) for i, p in enumerate(PROMPTS)])
-            if phase == 0:
-                await _until(lambda: len(seen["local"]) >= 5)
-            else:
-                if phase == 2:
-                    await services.kill_control_plane()
-                    seen["remote"].clear()
+            if phase == 2:
+                await services.kill_control_plane()
+                seen["remote"].clear()
+            if phase > 0:  # the replica holds w0 before the requests come, so it plans for them
                 services.start_control_plane()
-                await _until(lambda: len(seen["remote"]) >= 5)
+                await _until(lambda: services.cp is not None and "w0" in services.cp.leases.owned)
+            await _push(redis_client, [_submit(10 * phase + i, p) for i, p in enumerate(PROMPTS)])
+            await _until(lambda: len(seen["remote" if phase else "local"]) >= 5)
             row = await _reported(admin, "local" if phase == 0 else "remote")
             assert row["lvf_min_residency_s"] == RESIDENCY_S, phase
     finally:

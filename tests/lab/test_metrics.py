@@ -56,6 +56,7 @@ def test_summary_known_answers() -> None:
     assert s.tpot_attainment == pytest.approx(2 / 4)
     # gaps: 0.05 0.05 0.25 | 0.1 0.1 -> 4 of 5 within 0.1 s (0.1 itself counts)
     assert s.tbt_attainment == pytest.approx(4 / 5)
+    assert s.slo_attainment == pytest.approx(1 / 4)  # only c meets both TTFT and TPOT
     # run: first arrival 0.0 to last token 7.2
     assert s.duration_s == pytest.approx(7.2)
     assert s.num_output_tokens == 8
