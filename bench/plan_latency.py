@@ -82,6 +82,7 @@ def make_columns(num: int, rng: np.random.Generator) -> RequestColumns:
         priority=np.zeros(num, np.int64),
         arrival_seq=np.arange(num, dtype=np.int64),
         resident=np.ones(num, np.bool_),
+        tenants=np.zeros(num, np.int64),
     )
 
 

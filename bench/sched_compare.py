@@ -20,6 +20,17 @@ What runs by default:
   transfer engine, without eager sync, with min_residency 0.25-1 s, and the B_xfer sweep
   300-4800 on the GH200 (16 lvf runs).
 
+- seeds: every judged rate runs on ``--seeds`` seeds of arrivals (default 5, quick 2; the same
+  for every policy; a real trace's seed k is its k-th successive window of rows); the tables
+  and judgments read the mean over the seeds, with percentile-bootstrap 95 % intervals paired
+  by seed (bench/sched_judge.py);
+- SLO capacity (``--no-capacity`` skips it, ``--capacity-only`` runs only it after the knees):
+  per trace, profile, policy (vllm, lvf) and seed, the highest rate at which >= 90 % of
+  requests meet both TTFT and TPOT (bench/sched_capacity.py); the headline per trace and
+  profile is the ratio lvf / vllm with its interval;
+- ``--hawkes N``: generated arrivals (ShareGPT, arXiv) from a Hawkes process of branching
+  ratio N instead of Poisson (lab/arrivals.py); real traces keep their own.
+
 ``--quick`` is a smoke test: 10 s of arrivals, the table's knees (no search unless
 ``--search``), 0.5x and 2x of them, no ablation. A 40-s knee is less contended in 10 s windows
 (2x is contended on ShareGPT and arXiv, not on Azure), so (b) may read "no contended rate".
@@ -65,24 +76,29 @@ lag, i.e. by age within a class) cannot gain much more than it. Printed under ea
 with the share of it lvf wins back.
 
 Judgments (PASS/FAIL lines): (a) at every rate, lvf's goodput and output tokens/s are >= 0.95x
-vllm's; (b) at a contended rate (vllm TTFT attainment < 50 %), lvf's TTFT attainment is >= vllm's
-+ 40 points on the GH200 and + 20 on the H200, with TBT attainment at most 5 points lower and
-tokens/s >= 0.98x. (b) is required on ShareGPT and Azure code and on every ``--trace`` file not
-in the table; Mooncake and arXiv print it for information. Per trace and profile, (b) takes the
-contended rate meeting the TBT and tokens/s conditions with the largest TTFT gain (else the one
-with the largest gain). The last line, ``RESULT sched_compare``: ``worst_goodput_ratio`` and
-``worst_tput_ratio`` (minima over every trace, profile and rate; 1.0 where both are 0),
-``gh200_gain_pts`` and ``h200_gain_pts`` (per profile, the minimum over the required traces of
-their (b) gain; nan where one has no contended rate), ``tbt_delta_pts`` (the worst
-lvf - vllm TBT attainment difference at those points) and ``*_memory_gap_pts`` (the reference
-gap at the point of each profile's headline gain; nan without the reference).
+vllm's; (b) at a contended rate (vllm TTFT attainment < 50 %), lvf's TTFT attainment is >=
+vllm's + 40 points on the GH200 and + 20 on the H200 over the gain's whole interval, with TBT
+attainment at most 5 points lower and tokens/s >= 0.98x. (b) is required on ShareGPT and Azure
+code and on every ``--trace`` file not in the table; Mooncake and arXiv print it for
+information. Per trace and profile, (b) takes the contended rate meeting the TBT and tokens/s
+conditions with the largest TTFT gain (else the one with the largest gain). The last line,
+``RESULT sched_compare``: ``worst_goodput_ratio`` and ``worst_tput_ratio`` (minima over every
+trace, profile and rate; 1.0 where both are 0), ``gh200_gain_pts`` and ``h200_gain_pts`` (per
+profile, the minimum over the required traces of their (b) gain; nan where one has no contended
+rate), ``tbt_delta_pts`` (the worst lvf - vllm TBT attainment difference at those points) and
+``*_memory_gap_pts`` (the reference gap at the point of each profile's headline gain; nan
+without the reference), then ``*_gain_pts_lo``/``_hi`` (the headline gains' intervals),
+``gap_share_<trace>_<gpu>`` with ``_lo``/``_hi`` (lvf's gain / the memory gap at each (b) point
+whose gap is >= 20 points) and ``capacity_ratio_<trace>_<gpu>`` with ``_lo``/``_hi``.
 
 Runs stop at a horizon of max(3x, +60 s) the arrival window (arXiv's longest outputs take ~50 s
 alone); unfinished requests count as SLO misses (a thrashing policy can take far longer to drain
 than the others). Wall time: ``--quick`` 27-44 s on 1 worker (shared 2-core host); the default
 run is an estimated 750 s of simulation (the search ~25 s; lvf at 40 s: 3-26 s a run, vllm
 0.2-3 s; the ablation ~320 s), ~7-8 min on 2 free cores with ``--workers 2``
-(``--all-policies`` adds ~6 min). The wall time is printed before the RESULT line.
+(``--all-policies`` adds ~6 min), all for one seed: 5 seeds take about 5x the main sweep's
+time; the capacity searches (5 seeds) took 911 s with the knee search on 2 cores. The wall time
+is printed before the RESULT line.
 
     .venv/bin/python bench/sched_compare.py [--quick] [--out bench/out] [--workers 2]
 """

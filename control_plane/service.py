@@ -68,6 +68,7 @@ def to_policy_snapshot(
         max_num_seqs=msg.max_num_seqs,
         b_xfer_blocks=b_xfer_blocks,
         iteration=msg.iteration,
+        tenant_service=tuple(msg.tenant_service),
     )
 
 

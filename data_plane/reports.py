@@ -72,6 +72,7 @@ def state_snapshot(
         link_bytes_per_s=stats.link_bytes_per_s,  # measured by the transfer engine; 0 until then
         plan_source=plan_source,
         lvf_min_residency_s=lvf_min_residency_s,
+        tenant_service=list(snapshot.tenant_service),
     )
 
 

@@ -229,6 +229,7 @@ class Worker:
                 slo_ttft_s=msg.slo_ttft_s,
                 slo_tbt_s=msg.slo_tbt_s,
                 t_arr_s=msg.t_arr_s,
+                tenant=msg.tenant,
             )
         except (RequestError, ValueError) as exc:
             log.warning("request_rejected", request_id=msg.request_id, error=str(exc))

@@ -265,6 +265,7 @@ class GenerationService:
             slo_class=params.slo.name,
             slo_ttft_s=params.slo.ttft_s,
             slo_tbt_s=params.slo.tbt_s,
+            tenant=params.tenant,
         )
         record.submit = submit  # kept until the first token, to move it if its worker dies
         self.live.add(record)  # before the submit: its first output must find it
@@ -297,6 +298,7 @@ class GenerationService:
             generation.num_prompt_tokens,
             slo.ttft_s,
             slo.tbt_s,
+            generation.params.tenant,
         )
         fields: dict[str, str | float | int] = {"gateway_finished_s": now, "gateway_finish": reason}
         fields["gateway_id"] = self.dispatcher.gateway_id

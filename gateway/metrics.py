@@ -23,6 +23,7 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80
 _NUMERIC_KNOBS = ("alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s", "min_residency_s")
 _SWITCH_KNOBS = (
     "adaptive_residency", "rotate_only_for_lag", "protect_unserved", "hold_room_for_rotary",
+    "tenant_fairness",
 )  # fmt: skip
 _TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
@@ -83,6 +84,22 @@ class GatewayMetrics:
             "superinfer:slo_tbt_attained_gaps", "Inter-token gaps <= the class's TBT SLO",
             ["slo_class"], registry=reg,
         )  # fmt: skip
+        # Per tenant (API keys' tenants: the admin makes them, so the labels stay bounded)
+        self.tenant_requests = Counter(
+            "superinfer:tenant_requests", "Finished requests, by tenant", ["tenant"], registry=reg
+        )
+        self.tenant_ttft_met = Counter(
+            "superinfer:tenant_ttft_attained", "Requests within their TTFT SLO, by tenant",
+            ["tenant"], registry=reg,
+        )  # fmt: skip
+        self.tenant_good = Counter(
+            "superinfer:tenant_good_requests", "Requests within TTFT and TPOT SLOs, by tenant",
+            ["tenant"], registry=reg,
+        )  # fmt: skip
+        self.tenant_tokens = Counter(
+            "superinfer:tenant_tokens", "Prompt and generated tokens served, by tenant",
+            ["tenant"], registry=reg,
+        )  # fmt: skip
         self.auth_failures = Counter(
             "superinfer:auth_failures", "Failed authentications, by kind (admin, api_key)",
             ["kind"], registry=reg,
@@ -104,6 +121,7 @@ class GatewayMetrics:
         num_prompt_tokens: int,
         slo_ttft_s: float,
         slo_tbt_s: float,
+        tenant: str | None = None,
     ) -> None:
         labels = (self.model_name, slo_class)
         self.requests.labels(*labels, finish_reason).inc()
@@ -116,12 +134,17 @@ class GatewayMetrics:
         for counter in (self.slo_ttft_met, self.slo_good, self.slo_tbt_met, self.slo_tbt_gaps):
             counter.labels(slo_class)  # exported at 0 from the class's first request: a class
             # that never meets its objective reads 0 attainment, not "no data"
+        ttft_met = ttft_s is not None and ttft_s <= slo_ttft_s
+        good = ttft_met and (not gaps_s or sum(gaps_s) / len(gaps_s) <= slo_tbt_s)
         if ttft_s is not None:
             self.ttft.labels(*labels).observe(ttft_s)
-            if ttft_s <= slo_ttft_s:
-                self.slo_ttft_met.labels(slo_class).inc()
-                if not gaps_s or sum(gaps_s) / len(gaps_s) <= slo_tbt_s:
-                    self.slo_good.labels(slo_class).inc()
+        if ttft_met:
+            self.slo_ttft_met.labels(slo_class).inc()
+        if good:
+            self.slo_good.labels(slo_class).inc()
+        if tenant is not None:
+            num_tokens = num_prompt_tokens + len(gaps_s) + (ttft_s is not None)
+            self._observe_tenant(tenant, ttft_met, good, num_tokens)
         histogram = self.itl.labels(*labels)
         for gap_s in gaps_s:
             histogram.observe(gap_s)
@@ -129,6 +152,12 @@ class GatewayMetrics:
         self.slo_tbt_met.labels(slo_class).inc(sum(1 for g in gaps_s if g <= slo_tbt_s))
         if self.vllm is not None:
             self.vllm.observe(finish_reason, ttft_s, gaps_s, e2e_s, queue_s, num_prompt_tokens)
+
+    def _observe_tenant(self, tenant: str, ttft_met: bool, good: bool, num_tokens: int) -> None:
+        self.tenant_requests.labels(tenant).inc()
+        self.tenant_ttft_met.labels(tenant).inc(ttft_met)  # at 0 from the first: 0 attainment
+        self.tenant_good.labels(tenant).inc(good)
+        self.tenant_tokens.labels(tenant).inc(num_tokens)
 
 
 class _WorkerCollector(Collector):

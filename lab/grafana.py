@@ -91,6 +91,18 @@ ROWS: list[tuple[str, list[PanelSpec]]] = [
         ("Inter-token latency p50 / p99", "s",
          quantiles("superinfer:inter_token_latency_seconds"), ""),
     ]),
+    ("Tenants (API keys' tenants)", [
+        ("TTFT attainment per tenant", "percentunit",
+         [(f"sum by (tenant) (rate(superinfer:tenant_ttft_attained_total{R}))"
+           f" / sum by (tenant) (rate(superinfer:tenant_requests_total{R}))", "{{tenant}}")],
+         "Finished requests of each tenant within their TTFT objective (tenant_fairness knob: "
+         "no tenant starved by another that floods the server)."),
+        ("Service per tenant", "short",
+         [(f"sum by (tenant) (rate(superinfer:tenant_tokens_total{R}))", "{{tenant}} tokens/s"),
+          (f"sum by (tenant) (rate(superinfer:tenant_good_requests_total{R}))",
+           "{{tenant}} goodput req/s")],
+         "Prompt and generated tokens served per second, and requests within both SLOs."),
+    ]),
     ("Load and KV memory (per worker, and all workers)", [
         ("Queue depth (waiting)", "short", per_worker("superinfer:num_requests_waiting"), ""),
         ("Running / waiting / rotary", "short",

@@ -62,6 +62,7 @@ class RequestTimeline:
     slo_ttft_s: float
     slo_tbt_s: float
     finished: bool = True  # False: the run ended before the request's last token
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

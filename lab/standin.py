@@ -81,6 +81,7 @@ class Population:
             priority=np.zeros(num, np.int64),
             arrival_seq=np.arange(num, dtype=np.int64),
             resident=np.ones(num, np.bool_),
+            tenants=np.zeros(num, np.int64),
         )
         return cls(columns, rng, max_num_seqs)
 

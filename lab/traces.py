@@ -56,6 +56,9 @@ class TraceRequest:
     # (the prompt so far is a prefix of the next turn's), all share the system prompt.
     session: int | None = None
     system_len: int = 0
+    tenant: str | None = None  # who sends it (per-tenant fairness; bench/fairness.py)
+    slo_ttft_s: float | None = None  # its SLO class's (None: the knobs')
+    slo_tbt_s: float | None = None
 
 
 def arrivals(num: int, rps: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:

@@ -25,6 +25,7 @@ _BOOL_FIELDS = {
     "protect_unserved",
     "hold_room_for_rotary",
     "adaptive_residency",
+    "tenant_fairness",
 }
 _BOOL_TEXT = {"true": True, "1": True, "false": False, "0": False}
 MAX_B_XFER_BLOCKS = 2**31 - 1  # blocks per iteration: 4 TB/s for 1 s in 2 KB blocks

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from data_plane.engine.executor import BatchItem, Executor, Sampled
 from data_plane.engine.output import check_stop
@@ -24,6 +24,7 @@ from data_plane.engine.request import (
     RequestStatus,
 )
 from data_plane.engine.sampling import SamplingParams
+from data_plane.engine.tenants import TenantLedger
 from data_plane.engine.views import PolicyViews
 from data_plane.kv.manager import KVEventKind
 from shared.policy import (
@@ -109,6 +110,7 @@ class Engine:
         self.waiting = self.views.waiting  # the engine moves requests in and out of these
         self.rotary = self.views.rotary
         self.stats = EngineStats()
+        self.tenants = TenantLedger()  # each tenant's recent service: this engine counts it
         self._arrival_seq = 0
         self._pending_outputs: list[RequestOutput] = []
 
@@ -123,8 +125,10 @@ class Engine:
         slo_ttft_s: float | None = None,
         slo_tbt_s: float | None = None,
         t_arr_s: float | None = None,
+        tenant: str | None = None,
     ) -> Request:
-        """Queue a request; raises :class:`RequestError` if it can never be served."""
+        """Queue a request; raises :class:`RequestError` if it can never be served.
+        ``tenant``: who it is served for (the policy's per-tenant fairness)."""
         if request_id in self.requests:
             raise RequestError(f"request id {request_id!r} is already in the engine")
         if not prompt_token_ids:
@@ -162,6 +166,7 @@ class Engine:
             slo_ttft_s=slo_ttft_s,
             slo_tbt_s=slo_tbt_s,
         )
+        request.tenant = self.tenants.enter(tenant, request.t_arr_s)
         if params.structured is not None:
             if self.grammars is None:
                 raise RequestError("this engine serves no structured outputs")
@@ -221,11 +226,11 @@ class Engine:
 
     def snapshot(self, now: float) -> Snapshot:
         """The engine for the policy: running, then waiting, then rotary requests."""
-        return self.views.snapshot(now, self.running, self._snapshot_counts())
+        return self.views.snapshot(now, self.running, self._snapshot_counts(now))
 
     def columnar_snapshot(self, now: float) -> ColumnarSnapshot:
         """:meth:`snapshot` as columns (the waiting requests' come ready-made)."""
-        return self.views.columnar_snapshot(now, self.running, self._snapshot_counts())
+        return self.views.columnar_snapshot(now, self.running, self._snapshot_counts(now))
 
     def _snapshot_for_planner(
         self, now: float
@@ -241,8 +246,9 @@ class Engine:
             return snapshot, self.views.columns(snapshot.requests[: len(self.running)])
         return snapshot, None
 
-    def _snapshot_counts(self) -> dict[str, int]:
+    def _snapshot_counts(self, now: float) -> dict[str, Any]:
         return {
+            "tenant_service": self.tenants.service(now),
             "num_free_hbm_blocks": self.kv.num_free_hbm_blocks,
             "num_free_dram_blocks": self.kv.num_free_dram_blocks,
             "block_size": self.kv.block_size,
@@ -377,6 +383,7 @@ class Engine:
             request = item.request
             before = request.num_computed_tokens
             request.num_computed_tokens += item.num_tokens
+            self.tenants.charge(request.tenant, item.num_tokens, now)
             self._on_computed(request, before)
             prompt_part = sampled.prompt_logprobs.get(request.request_id)
             if prompt_part is not None:
@@ -432,4 +439,5 @@ class Engine:
         else:  # identity comparison: requests compare by id (eq=False)
             (self.running if state is RequestState.RUNNING else self.rotary).remove(request)
         self.kv.free(request.request_id)
+        self.tenants.leave(request.tenant)
         del self.requests[request.request_id]

@@ -75,6 +75,7 @@ class Request:
     priority: int = 0
     slo_ttft_s: float | None = None
     slo_tbt_s: float | None = None
+    tenant: int = 0  # its tenant's index in the engine's TenantLedger (0: none)
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0

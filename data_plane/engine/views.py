@@ -38,6 +38,7 @@ _VIEW_SOURCES = {
     "slo_ttft_s": "r.slo_ttft_s",
     "slo_tbt_s": "r.slo_tbt_s",
     "resident": "r.resident",
+    "tenant": "r.tenant",
 }
 _build_view = compile_view_builder(_VIEW_SOURCES, ("r", "num_computed", "num_hbm", "num_dram"))
 
@@ -90,7 +91,7 @@ class PolicyViews:
         num_computed = hits.num_blocks * self.kv.block_size
         return self.view(r, num_computed, hits.num_hbm_in_use, hits.num_dram)
 
-    def snapshot(self, now: float, running: Sequence[Request], counts: dict[str, int]) -> Snapshot:
+    def snapshot(self, now: float, running: Sequence[Request], counts: dict[str, Any]) -> Snapshot:
         """Running, then waiting, then rotary requests."""
         view = self.view
         views = [view(r) for r in running]
@@ -104,7 +105,7 @@ class PolicyViews:
         )
 
     def columnar_snapshot(
-        self, now: float, running: Sequence[Request], counts: dict[str, int]
+        self, now: float, running: Sequence[Request], counts: dict[str, Any]
     ) -> ColumnarSnapshot:
         """:meth:`snapshot` as columns (the waiting requests' come ready-made)."""
         view = self.view

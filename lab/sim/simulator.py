@@ -113,7 +113,14 @@ def run_simulation(
     result.num_unfinished = len(unfinished)
     _finish(parts, result)
     result.timelines = [
-        RequestTimeline(r.arrival_s, t, knobs.slo_ttft_s, knobs.slo_tbt_s, i not in unfinished)
+        RequestTimeline(
+            r.arrival_s,
+            t,
+            knobs.slo_ttft_s if r.slo_ttft_s is None else r.slo_ttft_s,
+            knobs.slo_tbt_s if r.slo_tbt_s is None else r.slo_tbt_s,
+            i not in unfinished,
+            r.tenant,
+        )
         for i, (r, t) in enumerate(zip(trace, times, strict=True))
     ]
     result.row = _row(policy, rps, trace, parts, result)
@@ -160,7 +167,15 @@ def _inject(parts: SimParts, index: int, request: TraceRequest, result: SimResul
     params = SamplingParams(max_tokens=output, temperature=0.0, ignore_eos=True)
     tokens = prompt_tokens(index, request, prompt)
     try:
-        engine.add_request(f"r{index}", tokens, params, t_arr_s=request.arrival_s)
+        engine.add_request(
+            f"r{index}",
+            tokens,
+            params,
+            t_arr_s=request.arrival_s,
+            tenant=request.tenant,
+            slo_ttft_s=request.slo_ttft_s,
+            slo_tbt_s=request.slo_tbt_s,
+        )
     except RequestError:
         result.num_rejected += 1
 

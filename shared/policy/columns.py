@@ -92,6 +92,7 @@ class RequestColumns:
     priority: Ints
     arrival_seq: Ints
     resident: npt.NDArray[np.bool_]
+    tenants: Ints
 
     def __post_init__(self) -> None:
         num = len(self.request_ids)
@@ -117,6 +118,7 @@ class ColumnarSnapshot:
     max_num_seqs: int
     b_xfer_blocks: int = 0
     iteration: int = 0
+    tenant_service: tuple[float, ...] = ()  # as Snapshot's
 
 
 def _check_column_fields() -> None:
@@ -210,6 +212,7 @@ def columnar_from_snapshot(snapshot: Snapshot) -> ColumnarSnapshot:
         max_num_seqs=snapshot.max_num_seqs,
         b_xfer_blocks=snapshot.b_xfer_blocks,
         iteration=snapshot.iteration,
+        tenant_service=snapshot.tenant_service,
     )
 
 
@@ -224,4 +227,5 @@ def snapshot_from_columnar(snapshot: ColumnarSnapshot) -> Snapshot:
         max_num_seqs=snapshot.max_num_seqs,
         b_xfer_blocks=snapshot.b_xfer_blocks,
         iteration=snapshot.iteration,
+        tenant_service=snapshot.tenant_service,
     )

@@ -47,6 +47,7 @@ from shared.policy.columns import (
     pick_ids,
 )
 from shared.policy.common import make_chunks
+from shared.policy.fairness import fair_groups, over_served
 from shared.policy.joining import (
     EMPTY,
     Transitions,
@@ -102,14 +103,17 @@ def lvf_transitions(
     scores = vlt_array(columns, snapshot.t_now_s, knobs)
     victims = _eligible_victims(columns, running, scores, knobs)
     b_xfer = snapshot.b_xfer_blocks
+    over = _over_served(snapshot, knobs)
+    seating = (seats_free, len(victims))
     chosen, b_left = _head_scan(
-        columns, candidates, scores, blk, (b_hbm, b_xfer), seats_free, len(victims), knobs
+        columns, candidates, scores, blk, (b_hbm, b_xfer), seating, over, knobs
     )
     b_swap = b_xfer - b_left
     seats_owed = len(chosen) - seats_free
     leaving = (EMPTY, EMPTY)
     if b_swap > 0 or seats_owed > 0:
-        leaving = _tail_scan(snapshot, running, growth, scores, victims, b_swap, seats_owed, -b_hbm)
+        owed = (b_swap, seats_owed, -b_hbm)
+        leaving = _tail_scan(snapshot, running, growth, scores, victims, owed, over)
     return join_and_pack(snapshot, running, growth, chosen, leaving, False, knobs, with_batch)
 
 
@@ -119,31 +123,64 @@ def _head_scan(
     scores: np.ndarray,
     blk: Ints,
     budgets: tuple[int, int],
-    seats_free: int,
-    num_victims: int,
+    seating: tuple[int, int],
+    over: np.ndarray | None,
     knobs: Knobs,
 ) -> tuple[Ints, int]:
     """Step 3: the waiting/rotary requests taken from the head of L (in L's order) and
-    B_left. ``budgets`` is (B_HBM, B_xfer). A rotary request whose rotate-out copy is still
-    in flight (it holds HBM blocks) cannot come back yet and is passed over. With
-    ``rotate_only_for_lag`` the requests with VLT == 0 are scanned after the lagging ones,
-    within the HBM left without rotation (B_left - B_xfer) and the free seats."""
+    B_left. ``budgets`` is (B_HBM, B_xfer), ``seating`` (free seats, eligible victims). A
+    rotary request whose rotate-out copy is still in flight (it holds HBM blocks) cannot come
+    back yet and is passed over. With ``rotate_only_for_lag`` the requests with VLT == 0 are
+    scanned after the lagging ones, within the HBM left without rotation (B_left - B_xfer)
+    and the free seats. With ``over`` (per-tenant fairness: the rows of over-served tenants)
+    each scan takes the other tenants' requests before the over-served ones'."""
     b_hbm, b_xfer = budgets
+    seats_free, num_victims = seating
     is_waiting = columns.states[candidates] == WAITING_CODE  # its HBM blocks: a cached prefix
     movable = candidates[(columns.num_blocks_hbm[candidates] == 0) | is_waiting]
     if knobs.rotate_only_for_lag:
         lagging = scores[movable] > 0
+        if over is not None:  # a tenant under its fair share may rotate others out on time
+            lagging |= ~over[movable]
         first, second = movable[lagging], movable[~lagging]
     else:
         first, second = movable, EMPTY
     seat_credit = num_victims if b_xfer > 0 else 0  # a seat freed costs a rotation
-    chosen, b_left = _take_in_l_order(
-        columns, first, scores, blk, b_hbm + b_xfer, seats_free + seat_credit
+    chosen, b_left = _take_groups(
+        columns, first, over, scores, blk, b_hbm + b_xfer, seats_free + seat_credit
     )
     seats, room = seats_free - len(chosen), b_left - b_xfer
     if len(second) and seats > 0 and room > 0:
-        fresh, room_left = _take_in_l_order(columns, second, scores, blk, room, seats)
+        fresh, room_left = _take_groups(columns, second, over, scores, blk, room, seats)
         chosen, b_left = np.concatenate((chosen, fresh)), b_left - (room - room_left)
+    return chosen, b_left
+
+
+def _over_served(snapshot: ColumnarSnapshot, knobs: Knobs) -> np.ndarray | None:
+    """The rows of over-served tenants when per-tenant fairness is on and a tenant present is
+    over-served; else None (LVF unchanged)."""
+    if not knobs.tenant_fairness or not snapshot.tenant_service:
+        return None
+    over = over_served(snapshot.requests.tenants, snapshot.tenant_service)
+    return over if over.any() else None
+
+
+def _take_groups(
+    columns: RequestColumns,
+    indices: Ints,
+    over: np.ndarray | None,
+    scores: np.ndarray,
+    blk: Ints,
+    b_left: int,
+    seats: int,
+) -> tuple[Ints, int]:
+    """:func:`_take_in_l_order`, the fairly served tenants' rows first when ``over`` marks
+    the over-served ones (per-tenant fairness), then the rest with what is left."""
+    groups = [indices] if over is None else fair_groups(indices, over)
+    chosen, b_left = _take_in_l_order(columns, groups[0], scores, blk, b_left, seats)
+    for group in groups[1:]:
+        more, b_left = _take_in_l_order(columns, group, scores, blk, b_left, seats - len(chosen))
+        chosen = np.concatenate((chosen, more))
     return chosen, b_left
 
 
@@ -207,15 +244,17 @@ def _tail_scan(
     growth: Ints,
     scores: np.ndarray,
     victims: Ints,
-    b_swap: int,
-    seats_owed: int,
-    shortage: int,
+    owed: tuple[int, int, int],
+    over: np.ndarray | None,
 ) -> tuple[Ints, Ints]:
     """Step 4: from the tail of L (VLT ascending, later arrival first) while B_swap > 0 or a
-    seat is owed, rotate out; each victim pays what it holds plus its growth. While HBM is
-    short for the running requests' own growth (``shortage`` > 0) any running request with
-    VLT < 0 that holds resident blocks may go, guards or not. Returns (rotated out,
-    preempted by recompute: forced victims DRAM has no room for, covered newest first)."""
+    seat is owed, rotate out; each victim pays what it holds plus its growth (``owed``: B_swap,
+    the seats owed, the HBM shortage). While HBM is short for the running requests' own growth
+    (shortage > 0) any running request with VLT < 0 that holds resident blocks may go, guards
+    or not. With ``over`` (per-tenant fairness) the eligible victims of over-served tenants
+    go first. Returns (rotated out, preempted by recompute: forced victims DRAM has no room
+    for, covered newest first)."""
+    b_swap, seats_owed, shortage = owed
     columns = snapshot.requests
     credit = np.zeros(len(columns), np.int64)
     credit[running] = columns.num_blocks_hbm[running] + growth
@@ -228,7 +267,11 @@ def _tail_scan(
         paid = int(credit[forced].sum())
         b_swap, seats_owed = b_swap - paid, seats_owed - num_forced
         victims = victims[~np.isin(victims, forced)]
-    taken = _prefix_paying(columns, victims, scores, credit, b_swap, seats_owed)
+    taken = EMPTY
+    for group in [victims] if over is None else fair_groups(victims, over)[::-1]:
+        more = _prefix_paying(columns, group, scores, credit, b_swap, seats_owed)
+        taken = np.concatenate((taken, more)) if len(taken) else more
+        b_swap, seats_owed = b_swap - int(credit[more].sum()), seats_owed - len(more)
     rotated, no_room = split_by_dram_room(snapshot, np.concatenate((forced, taken)), num_forced)
     if not len(no_room):
         return rotated, EMPTY

@@ -50,6 +50,7 @@ class RequestView(NamedTuple):
     slo_ttft_s: float | None = None
     slo_tbt_s: float | None = None
     resident: bool = True  # False while its HBM blocks still wait for an H2D copy
+    tenant: int = 0  # its tenant's index in the snapshot's tenant_service (0: none)
 
 
 class RequestField(NamedTuple):
@@ -81,6 +82,7 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField("slo_ttft_s", "slo_ttft_s", "float64", "opt"),
     RequestField("slo_tbt_s", "slo_tbt_s", "float64", "opt"),
     RequestField("resident", "resident", "bool", "flag"),
+    RequestField("tenant", "tenants", "int64", "int"),
 )
 _ANNOTATIONS = {
     "id": "str",
@@ -141,6 +143,9 @@ class Snapshot:
     # rotary (the engine's snapshots are): the policies split by slicing instead of walking
     # every request (thousands wait in overload). None: any order.
     partition: tuple[int, int] | None = None
+    # Tokens computed for each tenant over the recent past (exponentially decayed), indexed
+    # by the requests' ``tenant``: what per-tenant fairness reads (shared/policy/fairness.py).
+    tenant_service: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.partition is not None:
@@ -178,6 +183,9 @@ class Knobs:
     # min_residency_s adapted online from how late started requests are for their next token
     # (shared/policy/adaptive.py); min_residency_s is then its starting value. Off: pinned.
     adaptive_residency: bool = True
+    # Per-tenant fairness (VTC-style, shared/policy/fairness.py): among the requests LVF may
+    # start, those of tenants served less than the fair share of recent service go first.
+    tenant_fairness: bool = False
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s", "min_residency_s"):

@@ -16,7 +16,7 @@ import msgpack
 
 from shared.protocol.limits import DEFAULT_LIMITS, Limits, unpack
 
-SCHEMA_VERSION = 10  # 2: columnar RequestTable snapshots; 3: TokenOutput.error_kind;
+SCHEMA_VERSION = 11  # 2: columnar RequestTable snapshots; 3: TokenOutput.error_kind;
 # 4: requests known by handle (arrival_seq) between worker and control plane, no id strings;
 # token outputs batched per reply stream and iteration (TokenOutputs); 5: SubmitRequest carries
 # the sampling parameters as one nested SamplingParams; 6: snapshots may travel as a delta
@@ -25,7 +25,9 @@ SCHEMA_VERSION = 10  # 2: columnar RequestTable snapshots; 3: TokenOutput.error_
 # min_tokens, min_p and include_stop_str_in_output; 9: WorkerStatus carries the measured speed
 # (prefill_tokens_per_s, decode_step_s); 10: SamplingParams asks for logprobs and
 # prompt_logprobs, TokenOutput carries them (shared.logprobs.TokenLogprobs), SamplingParams
-# carries structured outputs (shared.sampling.StructuredOutput)
+# carries structured outputs (shared.sampling.StructuredOutput); 11: requests carry their
+# tenant (SubmitRequest.tenant, RequestTable.tenants) and snapshots each tenant's recent
+# service (StateSnapshot.tenant_service)
 T = TypeVar("T")
 _REGISTRY: dict[str, type] = {}
 _HINTS: dict[type, list[tuple[str, Any]]] = {}

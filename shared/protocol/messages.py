@@ -4,7 +4,7 @@ services on different hosts agree; ids and counts only, never tensors."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -28,6 +28,7 @@ class SubmitRequest:
     slo_class: str | None = None
     slo_ttft_s: float | None = None
     slo_tbt_s: float | None = None
+    tenant: str | None = None  # the API key's tenant (per-tenant fairness); None: none
 
     def __post_init__(self) -> None:
         if not self.request_id:
@@ -110,6 +111,7 @@ class RequestTable:
     priority: bytes
     arrival_seq: bytes
     resident: bytes
+    tenants: bytes = b""  # a request's tenant index (0: none): StateSnapshot.tenant_service
 
     def __post_init__(self) -> None:
         num = self.num_requests
@@ -174,6 +176,7 @@ class RequestRow:
     slo_tbt_s: float | None
     resident: bool
     arrival_seq: int
+    tenants: int = 0
 
 
 def _table_columns() -> dict[str, str]:
@@ -236,6 +239,8 @@ _SNAPSHOT_COUNTS = (
     "b_xfer_blocks",
 )
 _MAX_COUNT = 2**53  # the policy does numpy int64 arithmetic with these
+# tenant indexes a worker keeps, 0 (none) included (data_plane/engine/tenants.py)
+MAX_TENANTS = 4096
 
 
 @message("snapshot")
@@ -264,6 +269,9 @@ class StateSnapshot:
     # LVF's minimum residency in force on the worker (its adaptive controller's value, or the
     # pinned knob): the control plane plans with it. None: the sender keeps none (the knob's).
     lvf_min_residency_s: float | None = None
+    # Each tenant's recent service (tokens computed, decayed), indexed by the requests'
+    # ``tenants`` column: what LVF's per-tenant fairness reads. Empty: no tenants.
+    tenant_service: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.delta is not None:
@@ -283,6 +291,10 @@ class StateSnapshot:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
+        if len(self.tenant_service) > MAX_TENANTS or not all(
+            math.isfinite(v) and v >= 0 for v in self.tenant_service
+        ):
+            raise ValueError("tenant_service must hold finite values >= 0")
 
 
 # ---- to a gateway (its output stream) -----------------------------------------------------

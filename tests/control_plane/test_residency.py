@@ -94,7 +94,8 @@ async def test_the_residency_in_force_is_reported_and_survives_a_restart(
                 services.start_control_plane()
                 await _until(lambda: services.cp is not None and "w0" in services.cp.leases.owned)
             await _push(redis_client, [_submit(10 * phase + i, p) for i, p in enumerate(PROMPTS)])
-            await _until(lambda: len(seen["remote" if phase else "local"]) >= 5)
+            source = "remote" if phase else "local"
+            await _until(lambda: len(seen[source]) >= 5)  # noqa: B023 (awaited in the loop)
             row = await _reported(admin, "local" if phase == 0 else "remote")
             assert row["lvf_min_residency_s"] == RESIDENCY_S, phase
     finally:

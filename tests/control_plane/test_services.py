@@ -396,3 +396,26 @@ async def test_engine_that_keeps_failing_ends_requests_with_an_error(
                         error, kind = out.error, out.error_kind
     await services.stop()
     assert error is not None and error.startswith("engine error") and kind == "engine"
+
+
+async def test_the_tenant_reaches_the_worker_and_its_snapshots(
+    redis_client, stories_setup, stories_path
+) -> None:
+    """A request's tenant (the API key's, on SubmitRequest) is charged by the worker's engine
+    and its service travels in the snapshot the control plane plans from."""
+    prompts, _ = stories_setup
+    services = Services(redis_client, _worker_settings(stories_path, policy="vllm"))
+    msgs = [
+        SubmitRequest(f"req-{i}", p, REPLY, time.time(), _params(i), tenant=f"acme{i % 2}")
+        for i, p in enumerate(prompts)
+    ]
+    await _push(redis_client, msgs)
+    await _collect(redis_client, {m.request_id for m in msgs})
+    engine = services.worker.engine
+    service = engine.tenants.service(engine.clock())
+    assert len(engine.tenants) == 2 and service[0] == 0.0
+    assert min(service[1:]) > 0  # each tenant was charged what was computed for it
+    entries = await redis_client.xrevrange(streams.worker_snapshots_stream("w0"), count=1)
+    await services.stop()
+    snapshot = decode(entries[0][1][b"m"], StateSnapshot)
+    assert len(snapshot.tenant_service) == 3 and snapshot.tenant_service[0] == 0.0

@@ -157,3 +157,22 @@ def test_prefix_cache_series_per_worker_and_tier() -> None:
     assert samples[("superinfer:prefix_cache_hits_total", (("tier", "hbm"), *w0))] == 300
     assert samples[("superinfer:prefix_cache_hits_total", (("tier", "dram"), *w0))] == 100
     assert samples[("superinfer:prefix_cache_blocks", (("tier", "dram"), *w0))] == 30
+
+
+def test_per_tenant_attainment_and_service() -> None:
+    metrics = _metrics()
+    metrics.observe_finished("batch", "stop", 0.5, [0.01, 0.02], 1.0, 0.1, 3, 1.0, 0.05, "acme")
+    metrics.observe_finished("batch", "stop", 2.0, [0.01], 3.0, 0.1, 4, 1.0, 0.05, "acme")
+    metrics.observe_finished("batch", "stop", 2.0, [], 2.0, 0.1, 5, 1.0, 0.05, "zeta")
+    metrics.observe_finished("batch", "stop", 0.5, [], 1.0, 0.1, 5, 1.0, 0.05)  # no tenant
+    samples = _samples(metrics)
+    acme, zeta = (("tenant", "acme"),), (("tenant", "zeta"),)
+    assert samples[("superinfer:tenant_requests_total", acme)] == 2
+    assert samples[("superinfer:tenant_ttft_attained_total", acme)] == 1
+    assert samples[("superinfer:tenant_good_requests_total", acme)] == 1
+    assert samples[("superinfer:tenant_tokens_total", acme)] == (3 + 3) + (4 + 2)
+    assert samples[("superinfer:tenant_ttft_attained_total", zeta)] == 0  # present, at 0
+    assert {labels for name, labels in samples if name == "superinfer:tenant_requests_total"} == {
+        acme,
+        zeta,
+    }

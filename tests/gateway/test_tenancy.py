@@ -4,6 +4,7 @@ honoured. Without a key (open mode) the header and ``priority`` are taken as sen
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -108,6 +109,11 @@ def test_a_batch_key_asking_for_interactive_is_served_as_batch(
         assert _served_as(served, admin, None, "interactive", -3) == ("interactive", -3)
         bad = admin.post("/admin/v1/api-keys", json={"tenant": "x", "min_priority": "high"})
         assert bad.status_code == 422
+        metrics = admin.get("/metrics").text  # per tenant: the key's tenant, as served
+        served_by = dict(
+            re.findall(r'^superinfer:tenant_requests_total\{tenant="(\w+)"\} (\S+)$', metrics, re.M)
+        )
+        assert float(served_by["batch"]) >= 2 and float(served_by["interactive"]) >= 2
     finally:
         for created in keys.values():
             admin.delete(f"/admin/v1/api-keys/{created['key_id']}")

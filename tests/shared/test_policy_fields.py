@@ -25,6 +25,7 @@ def test_the_view_and_the_columns_are_the_declared_fields() -> None:
         "num_blocks_dram",
         "priority",
         "arrival_seq",
+        "tenants",
     )
 
 
@@ -88,10 +89,11 @@ def test_a_compiled_view_builder_covers_every_field_or_is_refused() -> None:
         "slo_ttft_s": 0.5,
         "slo_tbt_s": None,
         "resident": False,
+        "tenant": 4,
     }
     assert build(values) == RequestView(**values)
     missing = {k: v for k, v in sources.items() if k != "priority"}
     with pytest.raises(TypeError, match="missing \\['priority'\\]"):
         compile_view_builder(missing, ("values",))
-    with pytest.raises(TypeError, match="not REQUEST_FIELDS \\['tenant'\\]"):
-        compile_view_builder({**sources, "tenant": "None"}, ("values",))
+    with pytest.raises(TypeError, match="not REQUEST_FIELDS \\['owner'\\]"):
+        compile_view_builder({**sources, "owner": "None"}, ("values",))

@@ -74,6 +74,7 @@ def _random_table(rng: np.random.Generator, seqs: np.ndarray) -> dict[str, np.nd
         "priority": rng.integers(-2, 3, num),
         "arrival_seq": seqs.astype(np.int64),
         "resident": rng.random(num) < 0.9,
+        "tenants": rng.integers(0, 5, num),
     }
 
 
