@@ -769,6 +769,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}")
         return 2
+    if args.hawkes:
+        kept = [w.name for w in workloads if has_real_arrivals(str(w.path))]
+        print(f"Hawkes arrivals (branching {args.hawkes:g}); real arrivals kept: {kept or 'none'}")
     searches = calibrate(workloads, args)
     print_calibration(workloads, searches, args.quick)
     out: dict[str, Any] = {"calibration": calibration_json(workloads, searches, args.quick)}

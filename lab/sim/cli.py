@@ -142,6 +142,8 @@ def build_jobs(args: argparse.Namespace) -> tuple[list[SweepJob], dict[str, Any]
         raise ValueError(f"--capacity searches from one --rps (its start), got {args.rps!r}")
     if not args.capacity and args.capacity_target != 0.9:
         raise ValueError("--capacity-target applies only with --capacity")
+    if args.capacity and args.plot:
+        raise ValueError("--plot draws attainment against the rates given; not with --capacity")
     if not 0 < args.capacity_target <= 1:
         raise ValueError(f"--capacity-target must be in (0, 1], got {args.capacity_target}")
     jobs = [

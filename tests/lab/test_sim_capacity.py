@@ -105,6 +105,10 @@ def test_simulate_capacity_cli(tmp_path, capsys) -> None:
     assert lvf["ratio"] == pytest.approx(sum(lvf["capacity_rps"]) / sum(vllm["capacity_rps"]))
     assert {p["seed"] for p in data["probes"]} == {0, 1}
     assert "SLO capacity (>= 90 % of requests meet TTFT and TPOT)" in capsys.readouterr().out
-    for bad in (["--rps", "2,3"], ["--rps", "2", "--seeds", "0"]):
+    for bad in (
+        ["--rps", "2,3"],
+        ["--rps", "2", "--seeds", "0"],
+        ["--rps", "2", "--plot", "x.png"],
+    ):
         assert main([*argv, *bad]) == 2
     assert main([*argv[:-7], "--capacity-target", "0.8", "--json", str(out), "--rps", "2"]) == 2
