@@ -88,9 +88,13 @@ def _load(served: Served, model: str, tokenizer: Path, plot: Path) -> None:
     assert admin.put("/admin/v1/knobs", json={"policy": "lvf"}).status_code == 200
     later = threading.Timer(5.0, lambda: admin.put("/admin/v1/knobs", json={"alpha": 2.0}))
     later.start()  # a knob change event inside the run
+    key = admin.post(  # a tenant for the per-tenant panels, any class allowed
+        "/admin/v1/api-keys", json={"tenant": "dash", "slo_class": "interactive"}
+    )
+    assert key.status_code == 200, key.text
     load = "--trace synthetic:24:32 --rps 3 --duration 10 --class-mix interactive=1,standard=1"
     argv = ["bench", "--base-url", f"{served.url}/v1", "--model", model, *load.split()]
-    argv += ["--tokenizer", str(tokenizer)]
+    argv += ["--tokenizer", str(tokenizer), "--api-key", key.json()["api_key"]]
     try:
         assert cli_main([*argv, "--no-progress", "--plot", str(plot), "--seed", "1"]) == 0
     finally:
