@@ -71,6 +71,12 @@ SHOWN = (
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return parser.parse_args()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The served setup's flags (bench/e2e_capacity.py takes them too)."""
     add = parser.add_argument
     add("--model", default=str(ROOT.parent / "shared/models/stories260K/stories260K.bin"))
     add("--trace", default="synthetic:96:160")
@@ -89,7 +95,6 @@ def parse_args() -> argparse.Namespace:
     add("--tolerance-pts", type=float, default=15.0, help="agreement bound on the delta")
     add("--port", type=int, default=18571)
     add("--out", default=None, help="directory for the JSON files (default: a temp dir)")
-    return parser.parse_args()
 
 
 def fit_profile(args: argparse.Namespace, out: Path) -> Path:

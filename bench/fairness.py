@@ -7,9 +7,8 @@ the h200-llama3-8b profile with the kit's ShareGPT pools (16 GiB HBM, DRAM 8x), 
 1.5x vllm's knee there (8.9 req/s, bench/sched_compare.py's table). Per rate and seed
 (``--seeds``, default 5), three LVF runs on the same arrivals: fairness off (``tenant_fairness``
 False, the paper's LVF with our defaults), fairness on, and the light tenants alone (the heavy
-tenant's requests removed: what they would get without it). Then a mixed-class run: 20 % of
-the requests interactive (TTFT SLO 2 s), 80 % batch (TTFT 30 s) flooding, at 1.5x the knee:
-the interactive class's TTFT attainment beside its attainment alone, and batch's goodput.
+tenant's requests removed: what they would get without it). (Mixed SLO classes, a tight one
+under a loose one's flood: bench/classes.py.)
 
 Fairness measure (VTC's): each tenant's service in the arrival window (prompt tokens of the
 requests whose first token came before its end, output tokens produced before it) over its
@@ -21,8 +20,7 @@ total goodput >= 0.95x fairness off. Means over seeds with percentile-bootstrap 
 intervals (lab/stats.py); a judgment passes when its whole interval does.
 
 The last line: ``RESULT fairness jain=... jain_unfair=... light_ttft_delta_pts=...
-goodput_ratio=...`` (worst over the two rates, each with ``_lo``/``_hi``), and the mixed run's
-``interactive_delta_pts`` and ``batch_goodput_rps``.
+goodput_ratio=...`` (worst over the two rates, each with ``_lo``/``_hi``).
 
     .venv/bin/python bench/fairness.py [--seeds 5] [--workers 2] [--duration 40]
 """
@@ -62,7 +60,6 @@ HBM_GIB, DRAM_GIB = 16.0, 128.0
 KNEE_RPS = 8.9  # vllm's 50 % TTFT rate there (bench/sched_compare.py)
 RATE_FACTORS = (1.0, 1.5)
 HEAVY, HEAVY_WEIGHT, NUM_LIGHT = "heavy", 8, 7
-INTERACTIVE_TTFT_S, BATCH_TTFT_S, INTERACTIVE_SHARE = 2.0, 30.0, 0.2
 MIN_JAIN, MAX_LIGHT_LOSS_PTS, MIN_GOODPUT_RATIO = 0.9, 5.0, 0.95
 
 
@@ -77,20 +74,6 @@ def tenant_trace(path: Path, rps: float, duration_s: float, seed: int) -> list[T
     )
     out = [dataclasses.replace(r, tenant=names[int(i)]) for r, i in zip(reqs, picks, strict=True)]
     return sorted(out, key=lambda r: r.arrival_s)
-
-
-def mixed_trace(path: Path, rps: float, duration_s: float, seed: int) -> list[TraceRequest]:
-    """Arrivals at ``rps``: 20 % interactive (TTFT SLO 2 s), the rest batch (30 s)."""
-    reqs = load_trace(str(path), rps=rps, duration_s=duration_s, num_requests=None, seed=seed)
-    interactive = np.random.default_rng(seed + 2_000_003).random(len(reqs)) < INTERACTIVE_SHARE
-    return [
-        dataclasses.replace(
-            r,
-            tenant="interactive" if fast else "batch",
-            slo_ttft_s=INTERACTIVE_TTFT_S if fast else BATCH_TTFT_S,
-        )
-        for r, fast in zip(reqs, interactive, strict=True)
-    ]
 
 
 def simulate(job: tuple[str, list[TraceRequest], bool, float]) -> TenantRun:
@@ -113,14 +96,6 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[TraceRequest], bool, 
                 (f"fair {factor:g}x s{seed}", trace, True, args.duration),
                 (f"alone {factor:g}x s{seed}", light, True, args.duration),
             ]
-    for seed in range(args.seed, args.seed + args.seeds):
-        trace = mixed_trace(args.trace, RATE_FACTORS[-1] * args.knee, args.duration, seed)
-        alone = [r for r in trace if r.tenant == "interactive"]
-        jobs += [
-            (f"mixed unfair s{seed}", trace, False, args.duration),
-            (f"mixed fair s{seed}", trace, True, args.duration),
-            (f"mixed alone s{seed}", alone, True, args.duration),
-        ]
     return jobs
 
 
@@ -163,30 +138,11 @@ def judge_rate(runs: dict[str, TenantRun], factor: float, seeds: Sequence[int]) 
     }
 
 
-def judge_mixed(runs: dict[str, TenantRun], seeds: Sequence[int]) -> dict[str, Interval]:
-    fair = [runs[f"mixed fair s{s}"] for s in seeds]
-    unfair = [runs[f"mixed unfair s{s}"] for s in seeds]
-    alone = [runs[f"mixed alone s{s}"] for s in seeds]
-    return {
-        "interactive_ttft": mean_interval([r.attainment("interactive") for r in fair]),
-        "interactive_ttft_unfair": mean_interval([r.attainment("interactive") for r in unfair]),
-        "interactive_ttft_alone": mean_interval([r.attainment("interactive") for r in alone]),
-        "interactive_delta_pts": mean_interval(
-            [
-                100 * (f.attainment("interactive") - a.attainment("interactive"))
-                for f, a in zip(fair, alone, strict=True)
-            ]
-        ),
-        "batch_goodput_rps": mean_interval([f.goodput("batch") for f in fair]),
-        "batch_goodput_rps_unfair": mean_interval([f.goodput("batch") for f in unfair]),
-    }
-
-
 def _iv(x: Interval, fmt: str = ".3f") -> str:
     return f"{x.value:{fmt}} [{x.lo:{fmt}}, {x.hi:{fmt}}]"
 
 
-def report(by_rate: dict[float, dict], mixed: dict[str, Interval]) -> dict[str, float]:
+def report(by_rate: dict[float, dict]) -> dict[str, float]:
     for factor, f in by_rate.items():
         print(f"\n== {factor:g}x the knee ({factor * KNEE_RPS:.3g} req/s)")
         for key, value in f.items():
@@ -202,9 +158,6 @@ def report(by_rate: dict[float, dict], mixed: dict[str, Interval]) -> dict[str, 
             f" pts vs alone (need >= -{MAX_LIGHT_LOSS_PTS:g}), goodput "
             f"{f['goodput_ratio'].value:.3f}x (need >= {MIN_GOODPUT_RATIO:g})"
         )
-    print("\n== mixed classes at 1.5x (interactive 20 %, TTFT 2 s; batch 80 %, TTFT 30 s)")
-    for key, value in mixed.items():
-        print(f"  {key:24s} {_iv(value)}")
     worst = min(by_rate.values(), key=lambda f: f["jain"].value)
     out: dict[str, float] = {}
     out |= worst["jain"].fields("jain")
@@ -217,8 +170,6 @@ def report(by_rate: dict[float, dict], mixed: dict[str, Interval]) -> dict[str, 
     out |= min((f["goodput_ratio"] for f in by_rate.values()), key=lambda i: i.value).fields(
         "goodput_ratio"
     )
-    out |= mixed["interactive_delta_pts"].fields("interactive_delta_pts")
-    out["batch_goodput_rps"] = mixed["batch_goodput_rps"].value
     return out
 
 
@@ -249,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = run_all(jobs, args.workers)
     seeds = range(args.seed, args.seed + args.seeds)
     by_rate = {factor: judge_rate(runs, factor, seeds) for factor in RATE_FACTORS}
-    summary = report(by_rate, judge_mixed(runs, seeds))
+    summary = report(by_rate)
     print(f"\nwall {time.perf_counter() - t0:.0f} s")
     fields: list[Any] = [f"{k}={v:.3f}" for k, v in summary.items()]
     print("RESULT fairness " + " ".join(fields))

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lab.sim.capacity import CAPACITY_METRIC, CAPACITY_TARGET, CrossingSearch, run_searches
+from lab.crossing import CAPACITY_METRIC, CAPACITY_TARGET, CrossingSearch
+from lab.sim.capacity import run_searches
 from lab.sim.sweep import SweepJob
 from lab.stats import Interval, mean_interval, ratio_interval
 

@@ -144,7 +144,8 @@ from bench.sched_judge import (
     summarize,
 )
 from lab.costmodel import load_profile
-from lab.sim.capacity import CrossingSearch, run_searches
+from lab.crossing import CrossingSearch
+from lab.sim.capacity import run_searches
 from lab.sim.setup import GIB, ROTATING_POLICIES, SimSetup
 from lab.sim.sweep import SweepJob, run_sweep
 from lab.traces import has_real_arrivals, load_trace

@@ -23,7 +23,7 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80
 _NUMERIC_KNOBS = ("alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s", "min_residency_s")
 _SWITCH_KNOBS = (
     "adaptive_residency", "rotate_only_for_lag", "protect_unserved", "hold_room_for_rotary",
-    "tenant_fairness",
+    "tenant_fairness", "deadline_lag", "residency_yields_to_tighter",
 )  # fmt: skip
 _TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
@@ -224,6 +224,8 @@ class _WorkerCollector(Collector):
         for name in _NUMERIC_KNOBS + _SWITCH_KNOBS:
             knobs.add_metric([name], float(getattr(d.knobs, name)))
         knobs.add_metric(["b_xfer"], -1.0 if d.knobs.b_xfer is None else float(d.knobs.b_xfer))
+        late = d.knobs.demote_late_s  # -1: off
+        knobs.add_metric(["demote_late_s"], -1.0 if late is None else late)
         policy = GaugeMetricFamily("superinfer:policy_info", "Current policy", labels=["policy"])
         policy.add_metric([d.knobs.policy], 1.0)
         version = GaugeMetricFamily("superinfer:knobs_version", "Version of the knobs hash")

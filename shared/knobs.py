@@ -5,7 +5,8 @@ Every write is atomic: an update is a WATCH/MULTI/EXEC retried when another writ
 Each numeric knob has a range (:data:`KNOB_RANGES`, docs/tuning.md "Ranges"): wide enough for
 any real deployment, narrow enough that nothing the policy or the wire computes from it
 overflows (a ``b_xfer`` of 1e23 made every plan fail to encode). A boolean is no number here
-and a ``b_xfer`` must be a whole number."""
+and a ``b_xfer`` must be a whole number. ``b_xfer`` None is stored as "auto", ``demote_late_s``
+None as "off"."""
 
 from __future__ import annotations
 
@@ -26,7 +27,11 @@ _BOOL_FIELDS = {
     "hold_room_for_rotary",
     "adaptive_residency",
     "tenant_fairness",
+    "deadline_lag",
+    "residency_yields_to_tighter",
 }
+# Optional knobs' text for None (b_xfer: auto, the link's measure; demote_late_s: off)
+_NONE_TEXT = {"b_xfer": "auto", "demote_late_s": "off"}
 _BOOL_TEXT = {"true": True, "1": True, "false": False, "0": False}
 MAX_B_XFER_BLOCKS = 2**31 - 1  # blocks per iteration: 4 TB/s for 1 s in 2 KB blocks
 # (low, high), inclusive. Times: up to a day. Multipliers of a lag or an SLO: far beyond the
@@ -39,6 +44,7 @@ KNOB_RANGES: dict[str, tuple[float, float]] = {
     "slo_tbt_s": (1e-3, 86_400.0),
     "min_residency_s": (0.0, 86_400.0),
     "b_xfer": (0, MAX_B_XFER_BLOCKS),
+    "demote_late_s": (0.0, 86_400.0),
 }
 
 
@@ -67,6 +73,8 @@ def _parse(key: str, value: Any) -> Any:
             return _parse_bool(value)
         if key == "b_xfer":
             return None if value in (None, "auto", "") else _in_range(key, _whole(value))
+        if key == "demote_late_s":
+            return None if value in (None, "off", "") else _in_range(key, _number(value))
     except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"knob {key!r}: {_shown(value)} is not a valid value ({exc})") from exc
     if not isinstance(value, str):
@@ -115,7 +123,7 @@ def _parse_bool(value: Any) -> bool:
 
 
 def knobs_to_mapping(knobs: Knobs) -> dict[str, str]:
-    return {k: ("auto" if v is None else str(v)) for k, v in asdict(knobs).items()}
+    return {k: (_NONE_TEXT[k] if v is None else str(v)) for k, v in asdict(knobs).items()}
 
 
 # HSET the knobs (ARGV: field, value, ...) and version 1 into KEYS[1] unless it has a version;

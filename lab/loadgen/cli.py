@@ -20,6 +20,12 @@ from typing import Any
 
 import httpx
 
+from lab.loadgen.capacity import (
+    add_capacity_arguments,
+    check_capacity_arguments,
+    report_capacity,
+    search_capacity,
+)
 from lab.loadgen.core import (
     ENDPOINT_PATHS,
     ClientSettings,
@@ -85,6 +91,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--no-progress", action="store_true", help="no progress bar")
     add("--json", default=None, help="write {config, results, requests} here")
     add("--plot", default=None, help="PNG: TTFT/TBT CDFs with SLO lines, attainment over time")
+    add_capacity_arguments(parser)
 
 
 def parse_class_mix(args: argparse.Namespace) -> list[tuple[str, float]]:
@@ -274,6 +281,9 @@ def _request_json(record: RequestRecord) -> dict[str, Any]:
 
 def run_bench_command(args: argparse.Namespace) -> int:
     try:
+        check_capacity_arguments(args)
+        if args.capacity:
+            return _run_capacity(args)
         outcome = run_bench(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -293,3 +303,19 @@ def run_bench_command(args: argparse.Namespace) -> int:
         title = f"{document['config']['model']}, policy {overall['policy']}"
         plot_bench(outcome.run, outcome.slos, args.plot, title=title)
     return 0 if overall["completed"] > 0 else 1
+
+
+def _run_capacity(args: argparse.Namespace) -> int:
+    """``--capacity``: whole runs at the rates the search picks (lab/loadgen/capacity.py)."""
+    model: list[str] = []
+
+    def run_at(rate: float) -> dict[str, Any]:
+        probe = argparse.Namespace(**{**vars(args), "rps": rate, "no_progress": True, "json": None})
+        document = run_bench(probe).document
+        model[:] = [document["config"]["model"]]
+        row: dict[str, Any] = document["results"][0]
+        return row
+
+    result = search_capacity(args, run_at)
+    report_capacity(args, result, model[0] if model else str(args.model))
+    return 0 if result.rows and any(row["completed"] for row in result.rows) else 1

@@ -28,6 +28,7 @@ from shared.policy.columns import (
 )
 from shared.policy.packing import greedy_take, pack_columns
 from shared.policy.types import Knobs
+from shared.policy.vlt import prefills_by_deadline
 
 EMPTY = np.empty(0, np.int64)
 Bools = npt.NDArray[np.bool_]
@@ -192,7 +193,7 @@ def join_and_pack(
         keep = running[~leaves[running]]
     batch, tokens = pack_columns(
         columns,
-        np.concatenate((keep, joining)),
+        prefills_by_deadline(columns, np.concatenate((keep, joining)), knobs),
         bs,
         snapshot.max_num_batched_tokens,
         snapshot.max_num_seqs,

@@ -24,7 +24,10 @@ newest first, as vLLM V1), and a step that preempted by recompute admits nobody 
 Extensions, each a knob (``Knobs``; defaults chosen from measurements, docs/benchmarks.md):
 ``rotate_only_for_lag`` (head requests with VLT == 0 join only within free HBM: rotation
 repays lag, it never makes room for a request that is not behind its SLO),
-``min_residency_s`` (the tail passes over requests resident for less than this),
+``min_residency_s`` (the tail passes over requests resident for less than this, unless
+``residency_yields_to_tighter`` and a tighter SLO class lags), ``deadline_lag`` (waiting
+requests and prefill chunks by deadline across SLO classes), ``demote_late_s`` (requests past
+their TTFT after those that can still make it),
 ``protect_unserved`` (the tail passes over requests that produced no token since they became
 resident), ``hold_room_for_rotary`` (a chosen rotary request waiting for room blocks those
 ranked below it). Under an HBM shortage for the running requests' own growth the tail guards
@@ -59,7 +62,7 @@ from shared.policy.joining import (
 )
 from shared.policy.packing import greedy_take
 from shared.policy.types import Knobs, Plan, Snapshot
-from shared.policy.vlt import vlt_array
+from shared.policy.vlt import late_waiting, looser_than_lagging, vlt_array
 
 _SEGMENT = 256  # the scans rank this many of the most extreme VLTs first
 
@@ -104,9 +107,10 @@ def lvf_transitions(
     victims = _eligible_victims(columns, running, scores, knobs)
     b_xfer = snapshot.b_xfer_blocks
     over = _over_served(snapshot, knobs)
+    late = late_waiting(columns, snapshot.t_now_s, knobs)
     seating = (seats_free, len(victims))
     chosen, b_left = _head_scan(
-        columns, candidates, scores, blk, (b_hbm, b_xfer), seating, over, knobs
+        columns, candidates, scores, blk, (b_hbm, b_xfer), seating, (over, late), knobs
     )
     b_swap = b_xfer - b_left
     seats_owed = len(chosen) - seats_free
@@ -124,7 +128,7 @@ def _head_scan(
     blk: Ints,
     budgets: tuple[int, int],
     seating: tuple[int, int],
-    over: np.ndarray | None,
+    marks: tuple[np.ndarray | None, np.ndarray | None],
     knobs: Knobs,
 ) -> tuple[Ints, int]:
     """Step 3: the waiting/rotary requests taken from the head of L (in L's order) and
@@ -132,12 +136,17 @@ def _head_scan(
     rotary request whose rotate-out copy is still in flight (it holds HBM blocks) cannot come
     back yet and is passed over. With ``rotate_only_for_lag`` the requests with VLT == 0 are
     scanned after the lagging ones, within the HBM left without rotation (B_left - B_xfer)
-    and the free seats. With ``over`` (per-tenant fairness: the rows of over-served tenants)
-    each scan takes the other tenants' requests before the over-served ones'."""
+    and the free seats. ``marks`` is (over, late): with ``over`` (per-tenant fairness: the
+    rows of over-served tenants) each scan takes the other tenants' requests before the
+    over-served ones'; ``late`` rows (``demote_late_s``) are scanned last, within free HBM."""
     b_hbm, b_xfer = budgets
     seats_free, num_victims = seating
+    over, late = marks
     is_waiting = columns.states[candidates] == WAITING_CODE  # its HBM blocks: a cached prefix
     movable = candidates[(columns.num_blocks_hbm[candidates] == 0) | is_waiting]
+    demoted = EMPTY
+    if late is not None:
+        movable, demoted = movable[~late[movable]], movable[late[movable]]
     if knobs.rotate_only_for_lag:
         lagging = scores[movable] > 0
         if over is not None:  # a tenant under its fair share may rotate others out on time
@@ -149,10 +158,11 @@ def _head_scan(
     chosen, b_left = _take_groups(
         columns, first, over, scores, blk, b_hbm + b_xfer, seats_free + seat_credit
     )
-    seats, room = seats_free - len(chosen), b_left - b_xfer
-    if len(second) and seats > 0 and room > 0:
-        fresh, room_left = _take_groups(columns, second, over, scores, blk, room, seats)
-        chosen, b_left = np.concatenate((chosen, fresh)), b_left - (room - room_left)
+    for rest in (second, demoted):  # within the HBM left without rotation
+        seats, room = seats_free - len(chosen), b_left - b_xfer
+        if len(rest) and seats > 0 and room > 0:
+            fresh, room_left = _take_groups(columns, rest, over, scores, blk, room, seats)
+            chosen, b_left = np.concatenate((chosen, fresh)), b_left - (room - room_left)
     return chosen, b_left
 
 
@@ -228,10 +238,16 @@ def _eligible_victims(
     columns: RequestColumns, running: Ints, scores: np.ndarray, knobs: Knobs
 ) -> Ints:
     """Running requests the tail scan may rotate out when HBM is not short: VLT < 0, holding
-    HBM blocks, resident, and past the guards the knobs switch on."""
+    HBM blocks, resident, and past the guards the knobs switch on (the residency guard does
+    not hold against a lagging request of a tighter class with ``residency_yields_to_tighter``)."""
     ok = (scores[running] < 0) & (columns.num_blocks_hbm[running] > 0) & columns.resident[running]
     if knobs.min_residency_s > 0:
-        ok &= scores[running] < -knobs.min_residency_s
+        guarded = scores[running] >= -knobs.min_residency_s
+        if knobs.residency_yields_to_tighter:
+            looser = looser_than_lagging(columns, scores, knobs)
+            if looser is not None:
+                guarded &= ~looser[running]
+        ok &= ~guarded
     if knobs.protect_unserved:
         t_last, t_run = columns.t_last_s[running], columns.t_run_s[running]
         ok &= ~np.isnan(t_last) & (np.isnan(t_run) | (t_last >= t_run))

@@ -186,6 +186,17 @@ class Knobs:
     # Per-tenant fairness (VTC-style, shared/policy/fairness.py): among the requests LVF may
     # start, those of tenants served less than the fair share of recent service go first.
     tenant_fairness: bool = False
+    # Waiting lag counted from each request's TTFT deadline (shared/policy/vlt.py): across SLO
+    # classes waiting requests rank by deadline, so a tight class is not outranked by a loose
+    # class's requests that lag longer in seconds; one class ranks as without it.
+    deadline_lag: bool = True
+    # The tail's residency guard does not protect a running request from a lagging waiting
+    # request of a tighter SLO class (its TTFT is seconds away; the guard's residency is not).
+    residency_yields_to_tighter: bool = True
+    # Late requests (None: off): a waiting request whose TTFT SLO is missed by more than this
+    # (s) is scanned after every request that can still make it, within free HBM only; never
+    # dropped.
+    demote_late_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s", "min_residency_s"):
@@ -197,6 +208,9 @@ class Knobs:
             raise ValueError("slo_ttft_s and slo_tbt_s must be > 0")
         if not self.min_residency_s >= 0:
             raise ValueError(f"min_residency_s must be >= 0, got {self.min_residency_s}")
+        late = self.demote_late_s
+        if late is not None and not (math.isfinite(late) and late >= 0):
+            raise ValueError(f"demote_late_s must be >= 0 or off, got {late}")
         if self.b_xfer is not None and self.b_xfer < 0:
             raise ValueError(f"b_xfer must be >= 0 or auto, got {self.b_xfer}")
 

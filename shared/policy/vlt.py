@@ -7,9 +7,12 @@ of the formula it is held to lives in the tests (tests/shared/policy_reference.p
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
-from shared.policy.columns import RUNNING_CODE, WAITING_CODE, Floats, RequestColumns
+from shared.policy.columns import RUNNING_CODE, WAITING_CODE, Floats, Ints, RequestColumns
 from shared.policy.types import Knobs
+
+Bools = npt.NDArray[np.bool_]
 
 
 def vlt_array(columns: RequestColumns, t_now_s: float, knobs: Knobs) -> Floats:
@@ -20,7 +23,8 @@ def vlt_array(columns: RequestColumns, t_now_s: float, knobs: Knobs) -> Floats:
     running:       -(t_now - t_run)
 
     A request's own S_F/S_B (its SLO class; NaN: none) override the global knobs; a missing
-    (NaN) t_run or t_last falls back to the arrival time.
+    (NaN) t_run or t_last falls back to the arrival time. With ``deadline_lag`` a waiting
+    request's lag is shifted by :func:`_deadline_offsets`.
     """
     t_arr, states = columns.t_arr_s, columns.states
     waiting = states == WAITING_CODE
@@ -30,10 +34,61 @@ def vlt_array(columns: RequestColumns, t_now_s: float, knobs: Knobs) -> Floats:
     beta = np.where(waiting, knobs.beta_f, knobs.beta_b)
     default = np.where(waiting, knobs.beta_f * knobs.slo_ttft_s, knobs.beta_b * knobs.slo_tbt_s)
     lag = t_now_s - since - np.where(np.isnan(slo), default, beta * slo)
+    if knobs.deadline_lag and waiting.any():
+        lag = lag + np.where(waiting, _deadline_offsets(columns, waiting, knobs), 0.0)
     lag = np.where(lag > 0.0, lag, 0.0)
     scores = np.where(waiting, lag, knobs.alpha * lag)
     running = states == RUNNING_CODE
     return np.where(running, -(t_now_s - _or(columns.t_run_s, t_arr)), scores)
+
+
+def _deadline_offsets(columns: RequestColumns, waiting: Bools, knobs: Knobs) -> Floats:
+    """(1 - beta_F) * (S_max - S_F) per request, S_max the loosest S_F among the waiting
+    requests: a waiting request's lag then counts from its deadline (t_now - t_arr - S_F +
+    (1 - beta_F) * S_max), so waiting requests rank by deadline (EDF) across SLO classes; the
+    loosest class's lag is VLT's, and with one class nothing changes (offsets exactly 0)."""
+    slo = _or(columns.slo_ttft_s, np.full_like(columns.t_arr_s, knobs.slo_ttft_s))
+    return (1.0 - knobs.beta_f) * (float(slo[waiting].max()) - slo)
+
+
+def prefills_by_deadline(columns: RequestColumns, order: Ints, knobs: Knobs) -> Ints:
+    """``order`` for packing with ``deadline_lag``: its prefills (every row that is not a
+    one-token decode) stably sorted by TTFT deadline (t_arr + S_F), after its decodes in their
+    order, when the prefills span more than one S_F; else ``order`` unchanged. A tight
+    class's prompt is then not starved of the token budget by a loose class's long one."""
+    if not knobs.deadline_lag or len(order) < 2:
+        return order
+    computed = columns.num_computed_tokens[order]
+    prefill = ~((columns.num_tokens[order] - computed == 1) & (computed > 0))
+    rows = order[prefill]
+    slo = _or(columns.slo_ttft_s[rows], np.full(len(rows), knobs.slo_ttft_s))
+    if len(rows) < 2 or slo.min() == slo.max():
+        return order
+    deadlines = columns.t_arr_s[rows] + slo
+    return np.concatenate((order[~prefill], rows[np.argsort(deadlines, kind="stable")]))
+
+
+def looser_than_lagging(columns: RequestColumns, scores: Floats, knobs: Knobs) -> Bools | None:
+    """Per request: its S_F is looser than the tightest S_F among the lagging waiting requests
+    (None when nobody waiting lags). A request of a tight class may then rotate a loose
+    class's request out before its residency is served."""
+    lagging = (columns.states == WAITING_CODE) & (scores > 0)
+    if not lagging.any():
+        return None
+    slo = _or(columns.slo_ttft_s, np.full_like(columns.t_arr_s, knobs.slo_ttft_s))
+    looser: Bools = slo > float(slo[lagging].min())
+    return looser
+
+
+def late_waiting(columns: RequestColumns, t_now_s: float, knobs: Knobs) -> Bools | None:
+    """With ``demote_late_s`` set: the waiting requests without a first token whose TTFT SLO
+    is missed by more than that at ``t_now_s`` (None when the knob is off or none is)."""
+    if knobs.demote_late_s is None:
+        return None
+    slo = _or(columns.slo_ttft_s, np.full_like(columns.t_arr_s, knobs.slo_ttft_s))
+    late = (columns.states == WAITING_CODE) & np.isnan(columns.t_last_s)
+    late &= t_now_s - columns.t_arr_s - slo > knobs.demote_late_s
+    return late if late.any() else None
 
 
 def _or(values: Floats, fallback: Floats) -> Floats:

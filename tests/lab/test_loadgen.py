@@ -212,3 +212,40 @@ def test_bench_json_counts_match_server_metrics(tiny_served: Served, tmp_path: P
         assert row["total_output_tokens"] == 12 * row["completed"]
     assert document["config"]["server_counters"]["requests"] == 6
     assert run["policy"] == "vllm" and 0.0 <= run["ttft_attainment"] <= 1.0
+
+
+def test_bench_capacity_brackets_the_served_crossing(tiny_served: Served, tmp_path: Path) -> None:
+    """`superinfer bench --capacity` on a served model: the probes bracket the crossing of 90 %
+    (TTFT 0.15 s, TPOT 0.05 s), and an independent run at half the capacity meets the
+    target while one at twice the failing probe's rate does not."""
+    url = f"{tiny_served.url}/v1"
+    base = ["bench", "--base-url", url, "--trace", "synthetic:24:16", "--no-progress"]
+    base += ["--ttft-slo", "0.15", "--tbt-slo", "0.05", "--seed", "2"]
+    out = tmp_path / "capacity.json"
+    argv = [*base, "--duration", "3", "--rps", "8", "--capacity", "--capacity-tol", "1.5"]
+    assert cli_main([*argv, "--json", str(out)]) == 0
+    document = json.loads(out.read_text())
+    probes = [(p["rps"], p["slo_attainment"]) for p in document["probes"]]
+    met = [rate for rate, value in probes if value >= 0.9]
+    missed = [rate for rate, value in probes if value < 0.9 and rate > max(met, default=0.0)]
+    assert met and missed, probes  # bracketed
+    capacity = document["capacity_rps"]
+    assert max(met) <= capacity <= min(missed) <= 1.5 * max(met) * 1.001
+    for rate, meets in ((capacity / 2, True), (2 * min(missed), False)):
+        check = tmp_path / f"check_{rate:.3f}.json"
+        argv = [*base, "--duration", "4", "--rps", f"{rate:.3f}", "--json", str(check)]
+        assert cli_main(argv) == 0
+        value = json.loads(check.read_text())["results"][0]["slo_attainment"]
+        assert (value >= 0.9) is meets, (rate, value, probes)
+
+
+def test_bench_capacity_refuses_what_it_cannot_do(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["bench", "--base-url", "http://127.0.0.1:9/v1", "--trace", "synthetic:8:8"]
+    for extra, message in (
+        (["--capacity", "--num-requests", "5"], "--capacity needs --duration"),
+        (["--capacity", "--duration", "2", "--plot", "x.png"], "--plot draws one run"),
+        (["--capacity", "--duration", "2", "--capacity-target", "1.5"], "--capacity-target"),
+        (["--capacity", "--duration", "2", "--capacity-tol", "1"], "--capacity-tol"),
+    ):
+        assert cli_main([*base, *extra]) == 2
+        assert message in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""lab/sim/capacity.py: the crossing search on scripted metrics with known crossings, and SLO
+"""lab/crossing.py's crossing search on scripted metrics with known crossings, and SLO
 capacity from real simulations (a policy's capacity falls when its pool shrinks)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from lab import crossing
 from lab.costmodel import load_profile
 from lab.sim import capacity as cap
 from lab.sim.setup import SimSetup
@@ -16,7 +17,9 @@ from shared.policy import Knobs
 TOL = 1.1
 
 
-def _search(search: cap.CrossingSearch, metric: Callable[[float], float]) -> cap.CrossingSearch:
+def _search(
+    search: crossing.CrossingSearch, metric: Callable[[float], float]
+) -> crossing.CrossingSearch:
     while (rate := search.next_rate()) is not None:
         search.probes.append((rate, metric(rate)))
     return search
@@ -31,35 +34,37 @@ def _falling(crossing: float, threshold: float = 0.5) -> Callable[[float], float
 @pytest.mark.parametrize("start", [0.3, 6.0, 7.0, 100.0])
 @pytest.mark.parametrize("threshold", [0.5, 0.9])
 def test_search_brackets_then_bisects(start: float, threshold: float) -> None:
-    search = _search(cap.CrossingSearch(start, threshold, TOL), _falling(7.0, threshold))
+    search = _search(crossing.CrossingSearch(start, threshold, TOL), _falling(7.0, threshold))
     lo, hi = search.bracket()
     assert lo is not None and hi is not None
     assert lo[0] <= 7.0 <= hi[0] and hi[0] / lo[0] <= TOL + 1e-9
     assert search.crossing() == pytest.approx(7.0, rel=1e-6)  # linear inside the bracket
     assert search.capacity() == search.crossing()
-    assert len(search.probes) <= cap.MAX_PROBES
+    assert len(search.probes) <= crossing.MAX_PROBES
 
 
 def test_search_from_a_table_value_takes_two_probes_when_it_holds() -> None:
-    search = _search(cap.CrossingSearch(7.2, 0.5, TOL, TOL), _falling(7.0))
+    search = _search(crossing.CrossingSearch(7.2, 0.5, TOL, TOL), _falling(7.0))
     assert len(search.probes) == 2
-    table = cap.CrossingSearch(7.2, 0.5, TOL, fixed=7.2)
+    table = crossing.CrossingSearch(7.2, 0.5, TOL, fixed=7.2)
     assert table.next_rate() is None and table.crossing() == 7.2 == table.capacity()
 
 
 def test_search_gives_up_without_a_crossing() -> None:
-    never = _search(cap.CrossingSearch(1.0, 0.5, TOL), lambda rps: 1.0)
-    assert len(never.probes) <= cap.MAX_PROBES
+    never = _search(crossing.CrossingSearch(1.0, 0.5, TOL), lambda rps: 1.0)
+    assert len(never.probes) <= crossing.MAX_PROBES
     assert never.crossing() == max(r for r, _ in never.probes) == cap.MAX_SEARCH_RPS
-    always = _search(cap.CrossingSearch(1.0, 0.5, TOL), lambda rps: 0.0)
-    assert len(always.probes) <= cap.MAX_PROBES and always.crossing() <= cap.MIN_SEARCH_RPS
+    always = _search(crossing.CrossingSearch(1.0, 0.5, TOL), lambda rps: 0.0)
+    assert (
+        len(always.probes) <= crossing.MAX_PROBES and always.crossing() <= crossing.MIN_SEARCH_RPS
+    )
     assert always.capacity() == 0.0  # nothing meets the target: no capacity at all
 
 
 def test_bad_search_settings_are_refused() -> None:
     for args in ((0.0, 0.5), (1.0, 0.5, 1.0), (1.0, 0.5, 1.1, 0.9)):
         with pytest.raises(ValueError):
-            cap.CrossingSearch(*args)
+            crossing.CrossingSearch(*args)
 
 
 def _job(hbm_kv_gib: float, seed: int) -> Callable[[str, float], SweepJob]:
@@ -73,7 +78,7 @@ def test_capacity_of_real_simulations_falls_with_memory() -> None:
     """vllm on a fixed-length trace: a quarter of the KV pool cannot hold the batch its rate
     needs, so its SLO capacity is lower (both searches run in lock step)."""
     searches = {
-        (gib, seed): cap.CrossingSearch(4.0, cap.CAPACITY_TARGET, 1.25)
+        (gib, seed): crossing.CrossingSearch(4.0, crossing.CAPACITY_TARGET, 1.25)
         for gib in (1.0, 4.0)
         for seed in (0, 1)
     }

@@ -19,14 +19,18 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-def vlt(view: RequestView, t_now_s: float, knobs: Knobs) -> float:
+def vlt(
+    view: RequestView, t_now_s: float, knobs: Knobs, loosest_ttft_s: float | None = None
+) -> float:
     """How far ``view`` is behind its SLO at ``t_now_s`` (positive: lagging).
 
     rotary:  alpha * ReLU(t_now - t_last - beta_B * S_B)
     waiting:         ReLU(t_now - t_arr  - beta_F * S_F)
     running:       -(t_now - t_run)
     A request's own S_F/S_B (its SLO class) override the global knobs. A missing t_run or
-    t_last falls back to the arrival time.
+    t_last falls back to the arrival time. With ``deadline_lag`` and ``loosest_ttft_s`` (the
+    loosest S_F among the snapshot's waiting requests) a waiting request's lag before the ReLU
+    gains (1 - beta_F) * (loosest - S_F): it counts from its deadline.
     """
     if view.state is RequestState.RUNNING:
         t_run = view.t_run_s if view.t_run_s is not None else view.t_arr_s
@@ -36,7 +40,25 @@ def vlt(view: RequestView, t_now_s: float, knobs: Knobs) -> float:
         t_last = view.t_last_s if view.t_last_s is not None else view.t_arr_s
         return knobs.alpha * max(0.0, t_now_s - t_last - knobs.beta_b * slo_tbt_s)
     slo_ttft_s = view.slo_ttft_s if view.slo_ttft_s is not None else knobs.slo_ttft_s
-    return max(0.0, t_now_s - view.t_arr_s - knobs.beta_f * slo_ttft_s)
+    lag = t_now_s - view.t_arr_s - knobs.beta_f * slo_ttft_s
+    if knobs.deadline_lag and loosest_ttft_s is not None:
+        lag = lag + (1.0 - knobs.beta_f) * (loosest_ttft_s - slo_ttft_s)
+    return max(0.0, lag)
+
+
+def loosest_waiting_ttft(snapshot: Snapshot, knobs: Knobs) -> float | None:
+    """The loosest S_F among ``snapshot``'s waiting requests (None: none waits)."""
+    slos = [
+        v.slo_ttft_s if v.slo_ttft_s is not None else knobs.slo_ttft_s
+        for v in snapshot.requests
+        if v.state is RequestState.WAITING
+    ]
+    return max(slos) if slos else None
+
+
+def snapshot_vlt(view: RequestView, snapshot: Snapshot, knobs: Knobs) -> float:
+    """:func:`vlt` of ``view`` as one of ``snapshot``'s requests (at its time)."""
+    return vlt(view, snapshot.t_now_s, knobs, loosest_waiting_ttft(snapshot, knobs))
 
 
 def demand_blocks(view: RequestView, block_size: int) -> int:

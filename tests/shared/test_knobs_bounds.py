@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from shared.knobs import KNOB_RANGES, knobs_from_mapping, read_knobs, write_knobs
+from shared.knobs import (
+    KNOB_RANGES,
+    knobs_from_mapping,
+    knobs_to_mapping,
+    read_knobs,
+    write_knobs,
+)
 from shared.policy import make_plan
 from shared.protocol import RotationPlan, decode, encode
 from shared.streams import KNOBS_KEY
@@ -24,6 +30,8 @@ ABSURD: list[dict[str, Any]] = [
     {"min_residency_s": 1e308},
     {"slo_tbt_s": 1e-300},
     {"beta_b": -1e300},
+    {"demote_late_s": 1e300},
+    {"demote_late_s": -1.0},
 ]
 
 
@@ -51,6 +59,9 @@ def test_absurd_values_are_refused(changes: dict[str, Any]) -> None:
         {"policy": ["lvf"]},
         {"policy": 1},
         {"rotate_only_for_lag": 2},
+        {"deadline_lag": "sometimes"},
+        {"demote_late_s": "auto"},
+        {"demote_late_s": True},
     ],
     ids=repr,
 )
@@ -89,3 +100,14 @@ async def test_a_stored_value_out_of_range_is_repaired_by_replacing_it(
         await write_knobs(redis_client, {"alpha": 2.0})  # names what is still wrong
     knobs, _ = await write_knobs(redis_client, {"b_xfer": 64})
     assert knobs.b_xfer == 64 and (await read_knobs(redis_client))[0] == knobs
+
+
+def test_optional_knobs_round_trip_their_none() -> None:
+    """``demote_late_s`` off is stored as "off" (``b_xfer`` auto as "auto") and read back."""
+    knobs = knobs_from_mapping({"demote_late_s": "off", "b_xfer": "auto", "deadline_lag": "0"})
+    assert knobs.demote_late_s is None and knobs.b_xfer is None and knobs.deadline_lag is False
+    stored = knobs_to_mapping(knobs)
+    assert stored["demote_late_s"] == "off" and stored["b_xfer"] == "auto"
+    assert knobs_from_mapping(stored) == knobs
+    on = knobs_from_mapping({"demote_late_s": "2.5"})
+    assert on.demote_late_s == 2.5 and knobs_from_mapping(knobs_to_mapping(on)) == on

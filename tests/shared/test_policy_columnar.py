@@ -33,7 +33,7 @@ from shared.policy.packing import greedy_take, pack_columns
 from shared.policy.vlt import vlt_array
 from shared.protocol import StateSnapshot, decode, encode
 from shared.protocol.convert import columns_from_table, table_from_columns
-from tests.shared.policy_reference import pack_schedule, vlt
+from tests.shared.policy_reference import pack_schedule, snapshot_vlt, vlt
 from tests.shared.test_policy_properties import knobs_strategy, snapshots
 
 STATES = (RequestState.RUNNING, RequestState.WAITING, RequestState.ROTARY)
@@ -202,7 +202,7 @@ def test_other_policies_plan_a_columnar_snapshot_through_views() -> None:
 def test_vlt_array_is_vlt_bit_for_bit(snapshot: Snapshot, knobs: Knobs) -> None:
     columns = columns_from_views(snapshot.requests)
     scores = vlt_array(columns, snapshot.t_now_s, knobs).tolist()
-    assert scores == [vlt(v, snapshot.t_now_s, knobs) for v in snapshot.requests]
+    assert scores == [snapshot_vlt(v, snapshot, knobs) for v in snapshot.requests]
 
 
 @settings(max_examples=200, deadline=None)

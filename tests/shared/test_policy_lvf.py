@@ -400,3 +400,72 @@ def test_a_rotary_request_waiting_for_room_holds_it_against_lower_ranks() -> Non
     plan = make_plan(roomy, LVF)
     assert plan.resume_ids == ["r"] and plan.admit_ids == ["w"]
     check_plan(roomy, plan)
+
+
+def test_deadline_lag_lets_a_tight_class_go_before_an_older_loose_one() -> None:
+    """Room for one 3-block prompt: §3's lag in seconds takes the 25 s old batch request (10 s
+    past its 15 s tolerance), deadline_lag the 1.5 s old interactive one (deadline in 0.5 s)."""
+    batch = waiting("batch", t_arr=T_NOW - 25.0, blocks=3, slo_ttft=30.0)
+    interactive = waiting("interactive", t_arr=T_NOW - 1.5, blocks=3, seq=1, slo_ttft=2.0)
+    snapshot = snap(batch, interactive, free=4)
+    assert make_plan(snapshot, Knobs(policy="lvf", deadline_lag=False)).admit_ids == ["batch"]
+    assert make_plan(snapshot, LVF).admit_ids == ["interactive"]
+
+
+def test_late_requests_go_after_those_that_can_still_make_it_within_free_hbm() -> None:
+    """demote_late_s 0: a request past its TTFT ranks after every one that can still make it
+    (even one not lagging, though it lags more) and never makes room by rotation; off, it
+    ranks first."""
+    late = waiting("late", t_arr=T_NOW - 8.0, blocks=3, slo_ttft=2.0)  # missed by 6 s
+    on_time = waiting("on_time", t_arr=T_NOW - 4.0, blocks=3, seq=1)  # S_F 5: 1.5 s lag
+    demote = Knobs(policy="lvf", demote_late_s=0.0)
+    assert make_plan(snap(late, on_time, free=4), LVF).admit_ids == ["late"]
+    assert make_plan(snap(late, on_time, free=4), demote).admit_ids == ["on_time"]
+    both = snap(late, on_time, waiting("w", t_arr=T_NOW, blocks=2, seq=2), free=7)
+    assert make_plan(both, demote).admit_ids == ["on_time", "w"]  # after w (VLT 0) too
+    victim = running("x", t_run=0.0, blocks=4, dram=4)
+    rotating = snap(victim, late, free=0, xfer=8)
+    assert make_plan(rotating, LVF).rotate_out_ids == ["x"]  # the late request lags: room
+    plan = make_plan(rotating, demote)
+    assert plan.rotate_out_ids == [] and plan.admit_ids == []  # within free HBM only
+    check_plan(rotating, plan)
+
+
+def test_deadline_lag_packs_a_tight_class_prefill_first() -> None:
+    """Token budget 64: two running prefills, a 25 s old batch prompt ahead in running order
+    and an interactive one. §3's packing follows the running order; with deadline_lag the
+    interactive chunk (deadline in 0.5 s) goes first and the batch one gets what is left."""
+
+    def prefill(rid: str, t_arr: float, num_tokens: int, slo_ttft: float) -> RequestView:
+        return RequestView(
+            rid, RequestState.RUNNING, t_arr_s=t_arr, num_tokens=num_tokens,
+            num_blocks_hbm=-(-num_tokens // BS), t_run_s=t_arr, slo_ttft_s=slo_ttft,
+        )  # fmt: skip
+
+    batch = prefill("batch", T_NOW - 25.0, 200, 30.0)
+    interactive = prefill("interactive", T_NOW - 1.5, 32, 2.0)
+    snapshot = snap(batch, interactive, free=0, budget=64)
+    off = make_plan(snapshot, Knobs(policy="lvf", deadline_lag=False))
+    assert off.schedule == [ScheduledChunk("batch", 64)]
+    on = make_plan(snapshot, LVF)
+    assert on.schedule == [ScheduledChunk("interactive", 32), ScheduledChunk("batch", 32)]
+    same_class = snap(batch, prefill("b2", T_NOW - 1.5, 32, 30.0), free=0, budget=64)
+    assert make_plan(same_class, LVF).schedule == [ScheduledChunk("batch", 64)]  # unchanged
+
+
+def test_residency_yields_to_a_lagging_tighter_class() -> None:
+    """A batch request resident for 0.3 s (guard 0.5 s) is spared for a waiting request of its
+    own class, but not for a lagging interactive one (residency_yields_to_tighter)."""
+    now = 100.0
+    batch = RequestView("batch", RequestState.RUNNING, now - 5.0, 40, 40, 4, 4, t_run_s=now - 0.3,
+                        t_last_s=now - 0.01, slo_ttft_s=30.0)  # fmt: skip
+    fast = waiting("fast", t_arr=now - 1.2, blocks=4, slo_ttft=2.0)
+    slow = waiting("slow", t_arr=now - 20.0, blocks=4, slo_ttft=30.0)
+    pinned = Knobs(policy="lvf", adaptive_residency=False)  # min_residency_s 0.5
+    rotating = snap(batch, fast, free=0, xfer=8, t_now=now)
+    assert make_plan(rotating, pinned).rotate_out_ids == ["batch"]
+    held = Knobs(policy="lvf", adaptive_residency=False, residency_yields_to_tighter=False)
+    assert make_plan(rotating, held).rotate_out_ids == []
+    same_class = snap(batch, slow, free=0, xfer=8, t_now=now)
+    assert make_plan(same_class, pinned).rotate_out_ids == []
+    check_plan(rotating, make_plan(rotating, pinned))

@@ -30,7 +30,12 @@ from shared.policy import (
 )
 from shared.policy.columns import RUNNING_CODE, WAITING_CODE
 from shared.policy.joining import candidate_blocks, running_growth
-from tests.shared.policy_reference import blocks_for, demand_blocks, reference_growth, vlt
+from tests.shared.policy_reference import (
+    blocks_for,
+    demand_blocks,
+    reference_growth,
+    snapshot_vlt,
+)
 
 T_NOW = 50.0
 STATES = (RequestState.RUNNING, RequestState.WAITING, RequestState.ROTARY)
@@ -105,6 +110,9 @@ knobs_strategy = st.builds(
     rotate_only_for_lag=st.booleans(),
     protect_unserved=st.booleans(),
     hold_room_for_rotary=st.booleans(),
+    deadline_lag=st.booleans(),
+    residency_yields_to_tighter=st.booleans(),
+    demote_late_s=st.none() | st.floats(0.0, 10.0),
 )
 
 
@@ -163,14 +171,40 @@ def freed_now(view: RequestView) -> int:
     return min(view.num_blocks_hbm, max(0, view.num_blocks_dram))
 
 
-def l_key(view: RequestView, snapshot: Snapshot, knobs: Knobs) -> tuple[float, float, int]:
-    return (-vlt(view, snapshot.t_now_s, knobs), view.t_arr_s, view.arrival_seq)
+def l_key(view: RequestView, snapshot: Snapshot, knobs: Knobs) -> tuple[bool, float, float, int]:
+    """L's order for the head: VLT descending, requests late by ``demote_late_s`` last."""
+    late = is_late(view, snapshot, knobs)
+    return (late, -snapshot_vlt(view, snapshot, knobs), view.t_arr_s, view.arrival_seq)
+
+
+def ttft_slo(view: RequestView, knobs: Knobs) -> float:
+    return view.slo_ttft_s if view.slo_ttft_s is not None else knobs.slo_ttft_s
+
+
+def is_late(view: RequestView, snapshot: Snapshot, knobs: Knobs) -> bool:
+    """Waiting without a first token, its TTFT SLO missed by more than ``demote_late_s``."""
+    if knobs.demote_late_s is None or view.state is not RequestState.WAITING:
+        return False
+    missed_by = snapshot.t_now_s - view.t_arr_s - ttft_slo(view, knobs)
+    return view.t_last_s is None and missed_by > knobs.demote_late_s
+
+
+def yields(view: RequestView, snapshot: Snapshot, knobs: Knobs) -> bool:
+    """``residency_yields_to_tighter``: a waiting request of a tighter class lags."""
+    lagging = [
+        ttft_slo(v, knobs)
+        for v in snapshot.requests
+        if v.state is RequestState.WAITING and snapshot_vlt(v, snapshot, knobs) > 0
+    ]
+    tighter = bool(lagging) and ttft_slo(view, knobs) > min(lagging)
+    return knobs.residency_yields_to_tighter and tighter
 
 
 def settled(view: RequestView, snapshot: Snapshot, knobs: Knobs) -> bool:
     """Past the tail scan's guards (no shortage)."""
-    score = vlt(view, snapshot.t_now_s, knobs)
-    if knobs.min_residency_s > 0 and not score < -knobs.min_residency_s:
+    score = snapshot_vlt(view, snapshot, knobs)
+    young = knobs.min_residency_s > 0 and not score < -knobs.min_residency_s
+    if young and not yields(view, snapshot, knobs):
         return False
     t_last, t_run = view.t_last_s, view.t_run_s
     served = t_last is not None and (t_run is None or t_last >= t_run)
@@ -192,7 +226,7 @@ def check_lvf(snapshot: Snapshot, knobs: Knobs, plan: Plan) -> None:
     shortage = growth - snapshot.num_free_hbm_blocks
     for rid in plan.rotate_out_ids:
         view = views[rid]
-        assert vlt(view, snapshot.t_now_s, knobs) < 0 and view.resident and view.num_blocks_hbm
+        assert snapshot_vlt(view, snapshot, knobs) < 0 and view.resident and view.num_blocks_hbm
         if shortage <= 0:  # the guards hold unless the running requests' growth is short
             assert settled(view, snapshot, knobs)
     if shortage <= 0:
@@ -218,7 +252,7 @@ def rotated_in_tail_order(
 ) -> list[RequestView]:
     return sorted(
         rotated,
-        key=lambda v: (vlt(v, snapshot.t_now_s, knobs), -v.t_arr_s, -v.arrival_seq),
+        key=lambda v: (snapshot_vlt(v, snapshot, knobs), -v.t_arr_s, -v.arrival_seq),
     )
 
 
@@ -254,11 +288,11 @@ def check_tail_order(
         return
     leaving = set(plan.rotate_out_ids) | set(plan.preempt_ids)
     order = rotated_in_tail_order(rotated, snapshot, knobs)
-    last_key = (vlt(order[-1], snapshot.t_now_s, knobs), -order[-1].t_arr_s)
+    last_key = (snapshot_vlt(order[-1], snapshot, knobs), -order[-1].t_arr_s)
     for u in snapshot.requests:
         if u.state is not RequestState.RUNNING or u.request_id in leaving:
             continue
-        score = vlt(u, snapshot.t_now_s, knobs)
+        score = snapshot_vlt(u, snapshot, knobs)
         eligible = score < 0 and u.resident and u.num_blocks_hbm and settled(u, snapshot, knobs)
         if eligible and (score, -u.t_arr_s) < last_key:
             assert u.num_blocks_hbm > u.num_blocks_dram, u
@@ -316,7 +350,7 @@ def test_every_policy_makes_an_executable_plan(snapshot: Snapshot, knobs: Knobs)
 @given(snapshot=snapshots(), knobs=knobs_strategy)
 def test_vlt_is_signed_by_state(snapshot: Snapshot, knobs: Knobs) -> None:
     for view in snapshot.requests:
-        score = vlt(view, snapshot.t_now_s, knobs)
+        score = snapshot_vlt(view, snapshot, knobs)
         assert score <= 0 if view.state is RequestState.RUNNING else score >= 0
 
 
@@ -344,3 +378,19 @@ def test_running_growth_is_the_reference_growth(snapshot: Snapshot) -> None:
     expected = reference_growth(snapshot)
     for row, got in zip(running.tolist(), growth, strict=True):
         assert got == expected.get(snapshot.requests[row].request_id, 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(snapshot=snapshots(), knobs=knobs_strategy, slo=st.none() | st.floats(0.5, 20.0))
+def test_one_slo_class_plans_as_without_the_class_knobs(
+    snapshot: Snapshot, knobs: Knobs, slo: float | None
+) -> None:
+    """With every request in one TTFT class, ``deadline_lag`` and
+    ``residency_yields_to_tighter`` change nothing: the same plan as with both off."""
+    one_class = replace(
+        snapshot, requests=tuple(v._replace(slo_ttft_s=slo) for v in snapshot.requests)
+    )
+    lvf = replace(knobs, policy="lvf")
+    off = replace(lvf, deadline_lag=False, residency_yields_to_tighter=False)
+    on = replace(lvf, deadline_lag=True, residency_yields_to_tighter=True)
+    assert make_plan(one_class, on) == make_plan(one_class, off)

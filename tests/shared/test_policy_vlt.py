@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from shared.policy import Knobs, RequestState, RequestView, columns_from_views, make_plan, vlt_array
+from shared.policy.vlt import late_waiting
 from tests.shared.policy_reference import vlt
 from tests.shared.policy_views import (
     LVF,
@@ -63,9 +66,46 @@ def test_vlt_array_matches_vlt_bit_for_bit() -> None:
         running("x1", t_run=3.3),
         RequestView("x2", RequestState.RUNNING, t_arr_s=2.0, num_tokens=3),
     ]
-    for knobs in (LVF, Knobs(alpha=0.7, beta_b=-1.5, beta_f=1.3, slo_ttft_s=3.0)):
+    other = Knobs(alpha=0.7, beta_b=-1.5, beta_f=1.3, slo_ttft_s=3.0)
+    for knobs in (LVF, other, replace(LVF, deadline_lag=False), replace(other, deadline_lag=False)):
         scores = vlt_array(columns_from_views(views), T_NOW, knobs).tolist()
-        assert scores == [vlt(v, T_NOW, knobs) for v in views]
+        loosest = max(1.7, knobs.slo_ttft_s)  # w1, w2 in the default class, w3 in a 1.7 s one
+        assert scores == [vlt(v, T_NOW, knobs, loosest) for v in views]
+
+
+def test_deadline_lag_ranks_waiting_requests_by_deadline_across_classes() -> None:
+    batch_old = waiting("batch", t_arr=0.0, slo_ttft=30.0)  # 25 s old, deadline in 5 s
+    fresh = waiting("interactive", t_arr=23.5, slo_ttft=2.0)  # 1.5 s old, deadline in 0.5 s
+    columns = columns_from_views([batch_old, fresh])
+    seconds = vlt_array(columns, 25.0, replace(LVF, deadline_lag=False)).tolist()
+    assert seconds == pytest.approx([10.0, 0.5])  # §3: the batch request ranks first
+    by_deadline = vlt_array(columns, 25.0, LVF).tolist()
+    assert by_deadline == pytest.approx([10.0, 0.5 + 0.5 * (30.0 - 2.0)])  # EDF: interactive
+    assert by_deadline[1] > by_deadline[0]
+    # one class: exactly §3's lag, whatever that class's SLO (offsets are 0.0)
+    same = [waiting("a", t_arr=0.0, slo_ttft=9.0), waiting("b", t_arr=20.0, slo_ttft=9.0)]
+    one_class = columns_from_views([*same, rotary("r", t_last=24.0)])
+    assert (
+        vlt_array(one_class, 25.0, LVF).tolist()
+        == vlt_array(one_class, 25.0, replace(LVF, deadline_lag=False)).tolist()
+    )
+
+
+def test_late_waiting_marks_requests_past_their_ttft_by_more_than_the_knob() -> None:
+    views = [
+        waiting("missed", t_arr=0.0, slo_ttft=2.0),  # 3 s old: missed by 1 s
+        waiting("on_time", t_arr=2.0, slo_ttft=2.0),  # 1 s old
+        waiting("default_class", t_arr=0.0),  # 3 s old, S_F 5 s
+        rotary("rotary", t_last=0.0),  # has its first token: never late for TTFT
+        RequestView("preempted", RequestState.WAITING, t_arr_s=0.0, num_tokens=4, t_last_s=1.0),
+    ]
+    columns = columns_from_views(views)
+    assert late_waiting(columns, 3.0, LVF) is None  # the knob is off
+    marks = late_waiting(columns, 3.0, replace(LVF, demote_late_s=0.5))
+    assert marks is not None and marks.tolist() == [True, False, False, False, False]
+    assert late_waiting(columns, 3.0, replace(LVF, demote_late_s=1.0)) is None  # by more than
+    with pytest.raises(ValueError, match="demote_late_s"):
+        Knobs(demote_late_s=-1.0)
 
 
 def test_knobs_reject_invalid_values() -> None:
