@@ -1,3 +1,3 @@
-from superinfer.cli import main
+from superinfer.cli import run
 
-raise SystemExit(main())
+run()

@@ -67,6 +67,7 @@ def test_quick_on_the_kit(tmp_path: Path, capsys) -> None:
     if not (sc.TRACES / sc.KIT[0][1]).is_file():
         pytest.skip(f"the kit's traces are not in {sc.TRACES}")
     argv = ["--quick", "--trace", "sharegpt", "--trace", "azure-code", "--workers", "1"]
+    argv += ["--seeds", "1"]  # the interval code is tested in test_sched_judge.py; CI time
     assert sc.main([*argv, "--out", str(tmp_path), "--no-plots"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert RESULT_RE.match(lines[-1])

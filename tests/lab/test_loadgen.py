@@ -215,14 +215,14 @@ def test_bench_json_counts_match_server_metrics(tiny_served: Served, tmp_path: P
 
 
 def test_bench_capacity_brackets_the_served_crossing(tiny_served: Served, tmp_path: Path) -> None:
-    """`superinfer bench --capacity` on a served model: the probes bracket the crossing of 90 %
-    (TTFT 0.15 s, TPOT 0.05 s), and an independent run at half the capacity meets the
-    target while one at twice the failing probe's rate does not."""
+    """`superinfer bench --capacity` on a served model (4 seats, 32-token outputs): the probes
+    bracket the crossing of 90 % within TTFT 0.5 s and TPOT 0.2 s, and independent runs agree:
+    half the capacity meets the target, 1.5x the failing probe's rate does not."""
     url = f"{tiny_served.url}/v1"
-    base = ["bench", "--base-url", url, "--trace", "synthetic:24:16", "--no-progress"]
-    base += ["--ttft-slo", "0.15", "--tbt-slo", "0.05", "--seed", "2"]
+    base = ["bench", "--base-url", url, "--trace", "synthetic:16:32", "--no-progress"]
+    base += ["--ttft-slo", "0.5", "--tbt-slo", "0.2", "--seed", "2"]
     out = tmp_path / "capacity.json"
-    argv = [*base, "--duration", "3", "--rps", "8", "--capacity", "--capacity-tol", "1.5"]
+    argv = [*base, "--duration", "2", "--rps", "10", "--capacity", "--capacity-tol", "1.5"]
     assert cli_main([*argv, "--json", str(out)]) == 0
     document = json.loads(out.read_text())
     probes = [(p["rps"], p["slo_attainment"]) for p in document["probes"]]
@@ -231,9 +231,9 @@ def test_bench_capacity_brackets_the_served_crossing(tiny_served: Served, tmp_pa
     assert met and missed, probes  # bracketed
     capacity = document["capacity_rps"]
     assert max(met) <= capacity <= min(missed) <= 1.5 * max(met) * 1.001
-    for rate, meets in ((capacity / 2, True), (2 * min(missed), False)):
+    for rate, meets in ((capacity / 2, True), (1.5 * min(missed), False)):
         check = tmp_path / f"check_{rate:.3f}.json"
-        argv = [*base, "--duration", "4", "--rps", f"{rate:.3f}", "--json", str(check)]
+        argv = [*base, "--duration", "2", "--rps", f"{rate:.3f}", "--json", str(check)]
         assert cli_main(argv) == 0
         value = json.loads(check.read_text())["results"][0]["slo_attainment"]
         assert (value >= 0.9) is meets, (rate, value, probes)

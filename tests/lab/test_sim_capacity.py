@@ -53,7 +53,7 @@ def test_search_from_a_table_value_takes_two_probes_when_it_holds() -> None:
 def test_search_gives_up_without_a_crossing() -> None:
     never = _search(crossing.CrossingSearch(1.0, 0.5, TOL), lambda rps: 1.0)
     assert len(never.probes) <= crossing.MAX_PROBES
-    assert never.crossing() == max(r for r, _ in never.probes) == cap.MAX_SEARCH_RPS
+    assert never.crossing() == max(r for r, _ in never.probes) == crossing.MAX_SEARCH_RPS
     always = _search(crossing.CrossingSearch(1.0, 0.5, TOL), lambda rps: 0.0)
     assert (
         len(always.probes) <= crossing.MAX_PROBES and always.crossing() <= crossing.MIN_SEARCH_RPS
