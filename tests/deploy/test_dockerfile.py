@@ -93,7 +93,7 @@ def test_entry_point_is_the_superinfer_console_script() -> None:
     (entrypoint,) = final("ENTRYPOINT")
     assert json.loads(entrypoint) == ["superinfer"]
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert pyproject["project"]["scripts"]["superinfer"] == "superinfer.cli:main"
+    assert pyproject["project"]["scripts"]["superinfer"] == "superinfer.cli:run"
     # the services' subcommands (the compose and chart tests parse their full command lines)
     assert {"data-plane", "control-plane"} <= set(subcommands())
 

@@ -43,7 +43,7 @@ ARGS = ["--model", "tiny-random", "--max-model-len", "4096", "--max-num-batched-
 LONG_TOKENS = 4000  # bytes: tiny-random's tokenizer makes a token of each
 NUM_LONG = 10  # 40,000 prompt tokens: over the 3 s bound below 13,000 tokens/s (7,700 seen)
 BURST = 300
-BURST_FLOOR_S = 5.0
+BURST_FLOOR_S = 8.0
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +55,10 @@ def slow_prefill() -> Iterator[Served]:
 
 @pytest.fixture(scope="module")
 def burst_server() -> Iterator[Served]:
-    """As slow_prefill, with a 5 s first-token floor: with 1 s, requests admitted first (little
+    """As slow_prefill, with an 8 s first-token floor: with 1 s, requests admitted first (little
     queued ahead, so little allowance) failed at 3.8-4.9 s while the gateway, on the same two
-    cores, took the burst's 300 connections (a full run here; the product's floor is 60 s)."""
+    cores, took the burst's 300 connections (a full run here), and with 5 s at 5.2-6.1 s in a
+    clean CI run; the product's floor is 60 s."""
     env = {**ENV, "SUPERINFER_FIRST_TOKEN_TIMEOUT_S": str(BURST_FLOOR_S)}
     with embedded_redis() as redis_url, serve(ARGS, redis_url, env) as system:
         _measure_speed(system)
