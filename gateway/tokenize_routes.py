@@ -111,7 +111,8 @@ async def server_version(request: Request) -> dict[str, str]:
         return {"version": "unknown"}
 
 
-@router.api_route("/ping", methods=["GET", "POST"])
+@router.get("/ping", operation_id="ping_get")
+@router.post("/ping", operation_id="ping_post")  # one operation id each: no duplicate in OpenAPI
 async def ping() -> Response:
     """Liveness as vLLM answers it (SageMaker's probe): 200, empty."""
     return Response(status_code=200)
