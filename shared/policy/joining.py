@@ -193,7 +193,7 @@ def join_and_pack(
         keep = running[~leaves[running]]
     batch, tokens = pack_columns(
         columns,
-        prefills_by_deadline(columns, np.concatenate((keep, joining)), knobs),
+        prefills_by_deadline(columns, np.concatenate((keep, joining)), knobs, snapshot.t_now_s),
         bs,
         snapshot.max_num_batched_tokens,
         snapshot.max_num_seqs,

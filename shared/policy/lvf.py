@@ -27,7 +27,8 @@ repays lag, it never makes room for a request that is not behind its SLO),
 ``min_residency_s`` (the tail passes over requests resident for less than this, unless
 ``residency_yields_to_tighter`` and a tighter SLO class lags), ``deadline_lag`` (waiting
 requests and prefill chunks by deadline across SLO classes), ``demote_late_s`` (requests past
-their TTFT after those that can still make it),
+their TTFT after those that can still make it), ``lag_per_block`` (the head scan ranks
+lagging requests by VLT / blk(r)),
 ``protect_unserved`` (the tail passes over requests that produced no token since they became
 resident), ``hold_room_for_rotary`` (a chosen rotary request waiting for room blocks those
 ranked below it). Under an HBM shortage for the running requests' own growth the tail guards
@@ -109,8 +110,9 @@ def lvf_transitions(
     over = _over_served(snapshot, knobs)
     late = late_waiting(columns, snapshot.t_now_s, knobs)
     seating = (seats_free, len(victims))
+    ranks = _head_ranks(scores, blk) if knobs.lag_per_block else scores
     chosen, b_left = _head_scan(
-        columns, candidates, scores, blk, (b_hbm, b_xfer), seating, (over, late), knobs
+        columns, candidates, ranks, blk, (b_hbm, b_xfer), seating, (over, late), knobs
     )
     b_swap = b_xfer - b_left
     seats_owed = len(chosen) - seats_free
@@ -119,6 +121,13 @@ def lvf_transitions(
         owed = (b_swap, seats_owed, -b_hbm)
         leaving = _tail_scan(snapshot, running, growth, scores, victims, owed, over)
     return join_and_pack(snapshot, running, growth, chosen, leaving, False, knobs, with_batch)
+
+
+def _head_ranks(scores: np.ndarray, blk: Ints) -> np.ndarray:
+    """``lag_per_block``: the head scan's ranking, VLT / blk(r) for lagging requests (lag
+    repaid per block of HBM the request takes, and per block the link moves to bring a rotary
+    one back), VLT itself otherwise; the sign, and with it who lags, is kept."""
+    return np.where(scores > 0, scores / np.maximum(blk, 1), scores)
 
 
 def _head_scan(
@@ -131,10 +140,11 @@ def _head_scan(
     marks: tuple[np.ndarray | None, np.ndarray | None],
     knobs: Knobs,
 ) -> tuple[Ints, int]:
-    """Step 3: the waiting/rotary requests taken from the head of L (in L's order) and
-    B_left. ``budgets`` is (B_HBM, B_xfer), ``seating`` (free seats, eligible victims). A
-    rotary request whose rotate-out copy is still in flight (it holds HBM blocks) cannot come
-    back yet and is passed over. With ``rotate_only_for_lag`` the requests with VLT == 0 are
+    """Step 3: the waiting/rotary requests taken from the head of L (in L's order, by
+    ``scores``: the VLTs, or :func:`_head_ranks` with ``lag_per_block``) and B_left.
+    ``budgets`` is (B_HBM, B_xfer), ``seating`` (free seats, eligible victims). A rotary
+    request whose rotate-out copy is still in flight (it holds HBM blocks) cannot come back
+    yet and is passed over. With ``rotate_only_for_lag`` the requests with VLT == 0 are
     scanned after the lagging ones, within the HBM left without rotation (B_left - B_xfer)
     and the free seats. ``marks`` is (over, late): with ``over`` (per-tenant fairness: the
     rows of over-served tenants) each scan takes the other tenants' requests before the

@@ -167,9 +167,9 @@ class Knobs:
     b_xfer: int | None = 2400  # None means "auto": link bandwidth x predicted iteration time
     # LVF's extensions of SUPERINFER.md §4 (docs/scheduling.md). §4 exactly is
     # min_residency_s=0, rotate_only_for_lag=False, protect_unserved=False,
-    # hold_room_for_rotary=False. The defaults were chosen from the simulator over every kit
-    # trace (docs/benchmarks.md). Under an HBM shortage for the running requests' own growth
-    # the tail-scan guards are lifted.
+    # hold_room_for_rotary=False, lag_per_block=False (PAPER_LVF). The defaults were chosen
+    # from the simulator over every kit trace (docs/benchmarks.md). Under an HBM shortage for
+    # the running requests' own growth the tail-scan guards are lifted.
     # The tail scan passes over requests resident for less than this (s): a rotation must
     # pay for its copies and its victim's TBT gap (0.5 s: docs/benchmarks.md).
     min_residency_s: float = 0.5
@@ -197,6 +197,10 @@ class Knobs:
     # (s) is scanned after every request that can still make it, within free HBM only; never
     # dropped.
     demote_late_s: float | None = None
+    # The head scan ranks lagging requests by lag per block of HBM they need (VLT / blk(r))
+    # instead of by lag: the room rotation makes, and the link that refills it, go first to
+    # the requests that repay the most lag per block moved; requests not lagging keep L's order.
+    lag_per_block: bool = True
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s", "min_residency_s"):
@@ -221,6 +225,7 @@ PAPER_LVF: dict[str, Any] = {
     "protect_unserved": False,
     "hold_room_for_rotary": False,
     "adaptive_residency": False,
+    "lag_per_block": False,
 }  # the knob values that make LVF SUPERINFER.md §4 exactly (Knobs(**PAPER_LVF))
 
 

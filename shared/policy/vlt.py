@@ -51,11 +51,15 @@ def _deadline_offsets(columns: RequestColumns, waiting: Bools, knobs: Knobs) -> 
     return (1.0 - knobs.beta_f) * (float(slo[waiting].max()) - slo)
 
 
-def prefills_by_deadline(columns: RequestColumns, order: Ints, knobs: Knobs) -> Ints:
+def prefills_by_deadline(
+    columns: RequestColumns, order: Ints, knobs: Knobs, t_now_s: float
+) -> Ints:
     """``order`` for packing with ``deadline_lag``: its prefills (every row that is not a
     one-token decode) stably sorted by TTFT deadline (t_arr + S_F), after its decodes in their
     order, when the prefills span more than one S_F; else ``order`` unchanged. A tight
-    class's prompt is then not starved of the token budget by a loose class's long one."""
+    class's prompt is then not starved of the token budget by a loose class's long one. With
+    ``demote_late_s``, the late requests' prefills (:func:`late_waiting`) come after the
+    others: the earliest deadline is theirs, and their TTFT is lost already."""
     if not knobs.deadline_lag or len(order) < 2:
         return order
     computed = columns.num_computed_tokens[order]
@@ -65,7 +69,9 @@ def prefills_by_deadline(columns: RequestColumns, order: Ints, knobs: Knobs) -> 
     if len(rows) < 2 or slo.min() == slo.max():
         return order
     deadlines = columns.t_arr_s[rows] + slo
-    return np.concatenate((order[~prefill], rows[np.argsort(deadlines, kind="stable")]))
+    late = late_waiting(columns, t_now_s, knobs)
+    last = np.zeros(len(rows), np.bool_) if late is None else late[rows]
+    return np.concatenate((order[~prefill], rows[np.lexsort((deadlines, last))]))
 
 
 def looser_than_lagging(columns: RequestColumns, scores: Floats, knobs: Knobs) -> Bools | None:

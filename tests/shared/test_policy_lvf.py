@@ -32,6 +32,7 @@ from tests.shared.policy_views import (
 )
 
 S4 = Knobs(policy="lvf", **PAPER_LVF)  # SUPERINFER.md §4 exactly: every extension off
+BY_VLT = Knobs(policy="lvf", lag_per_block=False)  # the defaults, the head ranked by VLT as §4
 
 
 def at_block_boundary(rid: str, blocks: int, t_last: float | None = None) -> RequestView:
@@ -93,7 +94,7 @@ def test_head_scan_skips_what_does_not_fit_and_keeps_scanning() -> None:
     c = waiting("c", t_arr=2.0, blocks=3)  # VLT 5.5: fits in the 4 left
     d = waiting("d", t_arr=3.0, blocks=2)  # VLT 4.5: 2 > 1 left, skipped
     snapshot = snap(d, c, b, a, free=10)  # B_HBM 10 < 19: contention; B_left = 10 + 0
-    plan = make_plan(snapshot, LVF)
+    plan = make_plan(snapshot, BY_VLT)
     assert not plan.fcfs_fallback
     assert plan.admit_ids == ["a", "c"]
     assert [(ch.request_id, ch.num_tokens) for ch in plan.schedule] == [("a", 96), ("c", 48)]
@@ -389,15 +390,15 @@ def test_a_rotary_request_waiting_for_room_holds_it_against_lower_ranks() -> Non
     r = rotary("r", t_last=0.5, blocks=8, seq=1)
     w = waiting("w", t_arr=0.0, blocks=2, seq=2)
     snapshot = snap(x, r, w, free=2, xfer=10, dram=0)
-    plan = make_plan(snapshot, LVF)
+    plan = make_plan(snapshot, BY_VLT)
     assert not plan.fcfs_fallback
     assert plan.resume_ids == [] and plan.admit_ids == [] and plan.rotate_out_ids == []
     assert ids(plan.schedule) == ["x"]
     check_plan(snapshot, plan)
-    assert make_plan(columnar_from_snapshot(snapshot), LVF) == plan  # the numpy LVF agrees
+    assert make_plan(columnar_from_snapshot(snapshot), BY_VLT) == plan  # the numpy LVF agrees
     # with room for r, r comes back and w (ranked below, fitting what is left) joins too
     roomy = snap(x, r, w, free=11, xfer=10, dram=0)
-    plan = make_plan(roomy, LVF)
+    plan = make_plan(roomy, BY_VLT)
     assert plan.resume_ids == ["r"] and plan.admit_ids == ["w"]
     check_plan(roomy, plan)
 
@@ -469,3 +470,24 @@ def test_residency_yields_to_a_lagging_tighter_class() -> None:
     same_class = snap(batch, slow, free=0, xfer=8, t_now=now)
     assert make_plan(same_class, pinned).rotate_out_ids == []
     check_plan(rotating, make_plan(rotating, pinned))
+
+
+def test_lag_per_block_takes_the_most_lag_per_block_first() -> None:
+    """With ``lag_per_block`` the head scan ranks lagging requests by VLT / blk(r): a small
+    request lagging less goes before a big one (waiting or rotary) lagging more, when the room
+    holds only one (the default); without it, L's order (VLT) decides."""
+    big = waiting("big", t_arr=0.0, blocks=10, seq=1)  # lag 7.5 s: 0.75 per block
+    small = waiting("small", t_arr=2.0, blocks=2, seq=2)  # lag 5.5 s: 2.75 per block
+    on = LVF  # the default
+    assert on.lag_per_block
+    room_for_one = snap(big, small, free=10)
+    assert make_plan(room_for_one, BY_VLT).admit_ids == ["big"]
+    assert make_plan(room_for_one, on).admit_ids == ["small"]
+    check_plan(room_for_one, make_plan(room_for_one, on))
+    back = rotary("back", t_last=9.0, blocks=20, seq=3)  # VLT 3 x 1.0 s: 0.15 per block
+    fresh = waiting("fresh", t_arr=6.0, blocks=2, seq=4)  # lag 1.5 s: 0.75 per block
+    contended = snap(back, fresh, free=20)
+    assert make_plan(contended, BY_VLT).resume_ids == ["back"]
+    plan = make_plan(contended, on)
+    assert plan.admit_ids == ["fresh"] and plan.resume_ids == []
+    check_plan(contended, plan)

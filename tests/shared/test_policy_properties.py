@@ -113,6 +113,7 @@ knobs_strategy = st.builds(
     deadline_lag=st.booleans(),
     residency_yields_to_tighter=st.booleans(),
     demote_late_s=st.none() | st.floats(0.0, 10.0),
+    lag_per_block=st.booleans(),
 )
 
 
@@ -172,9 +173,13 @@ def freed_now(view: RequestView) -> int:
 
 
 def l_key(view: RequestView, snapshot: Snapshot, knobs: Knobs) -> tuple[bool, float, float, int]:
-    """L's order for the head: VLT descending, requests late by ``demote_late_s`` last."""
+    """L's order for the head: VLT descending (with ``lag_per_block``, a lagging request's
+    VLT per block of its blk(r)), requests late by ``demote_late_s`` last."""
     late = is_late(view, snapshot, knobs)
-    return (late, -snapshot_vlt(view, snapshot, knobs), view.t_arr_s, view.arrival_seq)
+    rank = snapshot_vlt(view, snapshot, knobs)
+    if knobs.lag_per_block and rank > 0:
+        rank /= max(1, demand_blocks(view, snapshot.block_size))
+    return (late, -rank, view.t_arr_s, view.arrival_seq)
 
 
 def ttft_slo(view: RequestView, knobs: Knobs) -> float:
