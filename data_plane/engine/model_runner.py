@@ -235,6 +235,8 @@ class ModelRunner:
             prefill_num_computed=prefill[2],
             prefill_rows=prefill[3],
             block_size=bs,
+            decode_tables=tables_t,
+            rows_per_block=rows_per_block,
         )
         return (
             torch.tensor(input_ids, dtype=torch.long, device=dev),

@@ -7,8 +7,12 @@ carries every row index for layer 0's K; layer ``l`` adds ``2 * l * block_size``
 another ``block_size``), so writing new K/V is one ``index_copy_`` and gathering a context is
 one ``index_select``, with no copy of the strided per-layer view.
 
-Metadata that carries block tables (``meta.paged``, built for a CUDA device) sends both calls
-to the Triton kernels of ``triton_attention`` instead, which read the same layout in place.
+On the CPU the decodes' attention runs in the C kernel of ``cpu_kernels`` (``paged_decode``),
+which reads each context's blocks in place through the block tables (``meta.decode_tables``);
+the gather below (``_decode``) is its fallback where the kernel cannot be built, and serves
+prefill chunks (whose gather is shared by their many queries). Metadata that carries block
+tables for the Triton path (``meta.paged``, built for a CUDA device) sends both calls to the
+kernels of ``triton_attention`` instead, which read the same layout in place.
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from data_plane.models.attention_metadata import AttentionMetadata, PagedInputs, TileSet
+from data_plane.models.cpu_kernels import paged_decode as cpu_decode
 from data_plane.models.triton_attention import paged_attention_triton, write_kv_paged
+
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the cache dtypes the CPU kernel reads
 
 __all__ = [
     "AttentionMetadata",
@@ -58,8 +65,9 @@ def paged_attention(
     out = torch.empty_like(q)
     n_dec = meta.num_decodes
     if n_dec:
-        rows = meta.decode_rows + layer_offset
-        out[:n_dec] = _decode(q[:n_dec], cache_rows, rows, meta, scale, sliding_window)
+        out[:n_dec] = _decode_in_place(
+            q[:n_dec], cache_rows, layer_offset, meta, scale, sliding_window
+        )
     for start, n_q, n_done, rows in zip(
         meta.prefill_query_starts,
         meta.prefill_query_lens,
@@ -77,6 +85,32 @@ def paged_attention(
             sliding_window,
         )
     return out
+
+
+def _decode_in_place(
+    q: torch.Tensor,
+    cache_rows: torch.Tensor,
+    layer_offset: int,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """The decodes' attention by the CPU kernel, which reads the blocks in place; where it is
+    unavailable (no compiler, another device, a cache dtype it does not read), by gathering
+    each context's rows (:func:`_decode`)."""
+    tables = meta.decode_tables
+    if (
+        tables is not None
+        and cache_rows.device.type == "cpu"
+        and cache_rows.dtype in _KERNEL_DTYPES
+    ):
+        geometry = (meta.block_size, meta.rows_per_block, layer_offset)
+        lens = meta.decode_context_lens
+        out = cpu_decode(q, cache_rows, tables, lens, geometry, sliding_window, scale)
+        if out is not None:
+            return out
+    rows = meta.decode_rows + layer_offset
+    return _decode(q, cache_rows, rows, meta, scale, sliding_window)
 
 
 def _decode(

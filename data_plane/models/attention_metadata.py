@@ -53,6 +53,10 @@ class AttentionMetadata:
     prefill_rows: list[torch.Tensor]  # [context] rows of each prefill sequence
     block_size: int
     paged: PagedInputs | None = None  # set: the Triton path (block tables, no row lists)
+    # the decodes' block tables [num_decodes, width] (padded with 0) and the cache rows per
+    # block (num_layers * 2 * block_size): what the CPU kernel reads the cache in place with
+    decode_tables: torch.Tensor | None = None
+    rows_per_block: int = 0
     # the CPU decode path's key masks by sliding window, made by the first layer that needs
     # one and shared by the others (this step's metadata only: one entry per window size)
     decode_masks: dict[int | None, torch.Tensor] = field(default_factory=dict)

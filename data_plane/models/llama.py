@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from data_plane.models import cpu_kernels
 from data_plane.models.attention import AttentionMetadata, paged_attention, write_kv
 from data_plane.models.config import ModelConfig, rope_inv_freq
 
@@ -20,11 +21,25 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = cpu_kernels.rms_norm(x, None, self.weight, self.eps)  # float32 on the CPU
+        if out is not None:
+            return out
         if x.dtype == torch.float32:  # the same arithmetic, one fused op
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+
+    def add_forward(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(RMSNorm of ``residual + x``, that sum): the residual stream's add fused into the
+        norm on the CPU (the sum may be written into ``residual``)."""
+        out = cpu_kernels.rms_norm(x, residual, self.weight, self.eps)
+        if out is not None:
+            return out, residual
+        total = residual + x
+        return self(total), total
 
 
 class Rotary(nn.Module):
@@ -78,27 +93,53 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        cache_rows: torch.Tensor,
+        layer_offset: int,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's output, the residual stream before it): the next layer, or the final
+        norm, adds the two (vLLM's convention, so that the add fuses into the norm)."""
+        n = x.shape[0]
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        q = self._rope_write_kv(self.qkv_proj(h), rope, cache_rows, layer_offset, meta)
+        scale = self.head_dim**-0.5
+        attn = paged_attention(q, cache_rows, layer_offset, meta, scale, self.sliding_window)
+        h, residual = self.post_attention_layernorm.add_forward(
+            self.o_proj(attn.reshape(n, -1)), residual
+        )
+        if self.mlp_dtype is not None:
+            h = h.to(self.mlp_dtype)
+        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
+        # fp16 + bf16 would be fp32: the residual stream keeps the model's dtype
+        return self.down_proj(F.silu(gate) * up).to(residual.dtype), residual
+
+    def _rope_write_kv(
+        self,
+        qkv: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         cache_rows: torch.Tensor,
         layer_offset: int,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        n = x.shape[0]
+        """RoPE on the q and k heads of ``qkv``, k and v stored in the cache; the rotated q
+        ``[n, heads, head_dim]``. One kernel call on the CPU (float32), torch ops elsewhere."""
+        n, heads = qkv.shape[0], (self.num_heads, self.num_kv_heads, self.head_dim)
+        if meta.paged is None and cpu_kernels.rope_write_kv(
+            qkv, heads, rope, cache_rows, meta.slot_rows, (layer_offset, meta.block_size)
+        ):
+            return qkv[:, : self.qkv_sizes[0]].view(n, self.num_heads, self.head_dim)
         qk_size, v_size = self.qkv_sizes[0] + self.qkv_sizes[1], self.qkv_sizes[2]
-        qk, v = self.qkv_proj(self.input_layernorm(x)).split((qk_size, v_size), dim=-1)
+        qk, v = qkv.split((qk_size, v_size), dim=-1)
         # q's and k's heads rotated together: one pass over [n, heads + kv_heads, head_dim]
         qk = _rotate(qk.view(n, -1, self.head_dim), *rope)
         q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
-        write_kv(cache_rows, layer_offset, k, v, meta)
-        scale = self.head_dim**-0.5
-        attn = paged_attention(q, cache_rows, layer_offset, meta, scale, self.sliding_window)
-        x = x + self.o_proj(attn.reshape(n, -1))
-        h = self.post_attention_layernorm(x)
-        if self.mlp_dtype is not None:
-            h = h.to(self.mlp_dtype)
-        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up).to(x.dtype)  # fp16 + bf16 would be fp32
+        write_kv(cache_rows, layer_offset, k, v.view(n, self.num_kv_heads, self.head_dim), meta)
+        return q
 
 
 class LlamaModel(nn.Module):
@@ -129,10 +170,15 @@ class LlamaModel(nn.Module):
         x = self.embed_tokens(input_ids)
         cache_rows = kv_cache.view(-1, *kv_cache.shape[-2:])
         rope = self.rotary.tables(positions)
+        residual: torch.Tensor | None = None
         for index, layer in enumerate(self.layers):
             offset = 2 * index * meta.block_size
-            x = layer(x, rope, cache_rows, offset, meta)
-        x = self.norm(x[logits_indices])
+            x, residual = layer(x, residual, rope, cache_rows, offset, meta)
+        if residual is not None:
+            x, residual = x[logits_indices], residual[logits_indices]
+            x, _ = self.norm.add_forward(x, residual)
+        else:
+            x = self.norm(x[logits_indices])
         return self.lm_head(x).float()
 
 

@@ -1,0 +1,252 @@
+"""The CPU decode-attention kernel (``cpu_attention.c``): compiled once per host at first use,
+called through ctypes.
+
+The shared object is built with the system C compiler (``$CC``, else ``cc``) with
+``-O3 -march=native`` into ``$XDG_CACHE_HOME/superinfer/kernels`` (``~/.cache`` by default),
+named by a hash of the source, the compiler flags and the CPU's feature flags, so a rebuild
+happens only when one of them changes; concurrent builders each write a temporary file and
+rename it into place. Where no compiler is found or the build fails, :func:`decode_kernel`
+returns None once and for all (the reason is logged) and attention takes the torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+
+log = structlog.get_logger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_attention.c")
+CFLAGS = (
+    "-O3",
+    "-march=native",
+    "-fno-math-errno",
+    "-fassociative-math",
+    "-fno-signed-zeros",
+    "-fno-trapping-math",
+    "-shared",
+    "-fPIC",
+    "-fopenmp",
+)
+BUILD_TIMEOUT_S = 120.0
+
+_DECODE_ARGTYPES: list[Any] = (
+    [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    + [ctypes.c_int64] * 9
+    + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]
+)
+_NORM_ARGTYPES: list[Any] = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+_ROPE_ARGTYPES: list[Any] = (
+    [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Kernels:
+    """The compiled functions (ctypes; they release the GIL while they run)."""
+
+    paged_decode: Callable[..., int]
+    rms_norm: Callable[..., None]
+    rope_write_kv: Callable[..., None]
+
+
+_lock = threading.Lock()
+_state: dict[str, Kernels | None] = {}
+
+
+def kernels() -> Kernels | None:
+    """The compiled kernels, or None where they cannot be built here (asked once)."""
+    with _lock:
+        if "kernels" not in _state:
+            _state["kernels"] = _load()
+        return _state["kernels"]
+
+
+def decode_kernel() -> Callable[..., int] | None:
+    """The compiled ``paged_decode``, or None where it cannot be built here."""
+    found = kernels()
+    return None if found is None else found.paged_decode
+
+
+def _load() -> Kernels | None:
+    try:
+        library = ctypes.CDLL(str(_build()))
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("cpu_kernels_unavailable", reason=str(exc)[:500])
+        return None
+    decode, norm, rope = library.paged_decode, library.rms_norm, library.rope_write_kv
+    decode.argtypes, decode.restype = _DECODE_ARGTYPES, ctypes.c_int
+    norm.argtypes, norm.restype = _NORM_ARGTYPES, None
+    rope.argtypes, rope.restype = _ROPE_ARGTYPES, None
+    return Kernels(decode, norm, rope)
+
+
+def _build() -> Path:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise OSError("no C compiler (cc, gcc or $CC) on PATH")
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join((compiler, *CFLAGS, _cpu_flags())).encode())
+    target = _cache_dir() / f"cpu_attention-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        command = [compiler, *CFLAGS, str(SOURCE), "-o", temporary, "-lm"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        if done.returncode != 0:
+            raise OSError(f"{' '.join(command)} failed: {done.stderr.strip()}")
+        os.replace(temporary, target)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+    log.info("cpu_attention_kernel_built", path=str(target))
+    return target
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "superinfer" / "kernels"
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (``-march=native`` builds for them), or the machine's name."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith(("flags", "Features")):
+                    return line
+    except OSError:
+        pass
+    return platform.machine() + platform.processor()
+
+
+def paged_decode(
+    q: torch.Tensor,
+    cache_rows: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    geometry: tuple[int, int, int],
+    window: int | None,
+    scale: float,
+) -> torch.Tensor | None:
+    """Decode attention ``[n, heads, head_dim]`` read in place from ``cache_rows`` (float32 or
+    bfloat16, contiguous), or None where the kernel is unavailable. ``geometry`` is
+    (block_size, rows_per_block, layer_offset); ``tables`` [n, width] and ``lens`` [n] int64."""
+    fn = decode_kernel()
+    if fn is None:
+        return None
+    n, num_heads, head_dim = q.shape
+    query = q.float().contiguous()
+    out = torch.empty_like(query)
+    block_size, rows_per_block, layer_offset = geometry
+    status = fn(
+        query.data_ptr(),
+        cache_rows.data_ptr(),
+        int(cache_rows.dtype == torch.bfloat16),
+        tables.data_ptr(),
+        lens.data_ptr(),
+        n,
+        tables.shape[1],
+        num_heads,
+        cache_rows.shape[1],
+        head_dim,
+        block_size,
+        rows_per_block,
+        layer_offset,
+        window or 0,
+        scale,
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
+    if status != 0:
+        raise MemoryError("paged_decode: no memory for its scores")
+    return out.to(q.dtype)
+
+
+def rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> torch.Tensor | None:
+    """RMSNorm of float32 ``x`` [..., dim] by ``weight``; with ``residual``, of ``residual + x``,
+    which is stored into ``residual`` (the residual stream, updated in place). None where the
+    kernels are unavailable or the tensors are not contiguous float32 on the CPU."""
+    found = kernels()
+    if (
+        found is None
+        or not _plain_f32(x, weight)
+        or (residual is not None and not _plain_f32(residual))
+    ):
+        return None
+    out = torch.empty_like(x)
+    rows = x.numel() // x.shape[-1]
+    if residual is None:
+        found.rms_norm(
+            x.data_ptr(), None, weight.data_ptr(), out.data_ptr(), rows, x.shape[-1], eps
+        )
+    else:
+        found.rms_norm(
+            residual.data_ptr(),
+            x.data_ptr(),
+            weight.data_ptr(),
+            out.data_ptr(),
+            rows,
+            x.shape[-1],
+            eps,
+        )
+    return out
+
+
+def _plain_f32(*tensors: torch.Tensor) -> bool:
+    return all(
+        t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors
+    )
+
+
+def rope_write_kv(
+    qkv: torch.Tensor,
+    heads: tuple[int, int, int],
+    rope: tuple[torch.Tensor, torch.Tensor],
+    cache_rows: torch.Tensor,
+    slot_rows: torch.Tensor,
+    placement: tuple[int, int],
+) -> bool:
+    """RoPE of ``qkv``'s q and k heads in place and its k and v stored in the cache (float32,
+    CPU); False (nothing done) where the kernels are unavailable or the tensors do not fit.
+    ``heads`` is (q heads, kv heads, head_dim), ``rope`` the step's (cos, sin) [n, 1, d/2],
+    ``placement`` (layer_offset, block_size)."""
+    found = kernels()
+    cos, sin = rope
+    if found is None or not _plain_f32(qkv, cache_rows, cos, sin):
+        return False
+    num_q, num_kv, head_dim = heads
+    layer_offset, block_size = placement
+    found.rope_write_kv(
+        qkv.data_ptr(),
+        qkv.shape[0],
+        qkv.shape[1],
+        num_q,
+        num_kv,
+        head_dim,
+        cos.data_ptr(),
+        sin.data_ptr(),
+        cache_rows.data_ptr(),
+        slot_rows.data_ptr(),
+        layer_offset,
+        block_size,
+    )
+    return True
