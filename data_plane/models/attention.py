@@ -62,8 +62,10 @@ def paged_attention(
     """Attention for every new token. ``q``: [num_tokens, num_heads, head_dim]."""
     if meta.paged is not None:
         return paged_attention_triton(q, cache_rows, layer_offset, meta, scale, sliding_window)
-    out = torch.empty_like(q)
     n_dec = meta.num_decodes
+    if 0 < n_dec == q.shape[0]:  # decodes only: no output to assemble
+        return _decode_in_place(q, cache_rows, layer_offset, meta, scale, sliding_window)
+    out = torch.empty_like(q)
     if n_dec:
         out[:n_dec] = _decode_in_place(
             q[:n_dec], cache_rows, layer_offset, meta, scale, sliding_window

@@ -5,8 +5,10 @@ The shared object is built with the system C compiler (``$CC``, else ``cc``) wit
 ``-O3 -march=native`` into ``$XDG_CACHE_HOME/superinfer/kernels`` (``~/.cache`` by default),
 named by a hash of the source, the compiler flags and the CPU's feature flags, so a rebuild
 happens only when one of them changes; concurrent builders each write a temporary file and
-rename it into place. Where no compiler is found or the build fails, :func:`decode_kernel`
-returns None once and for all (the reason is logged) and attention takes the torch path.
+rename it into place. Where no compiler is found or the build fails, the library the
+container image built for a baseline CPU (``PREBUILT``) serves if it is there; else
+:func:`kernels` returns None once and for all (the reason is logged) and the model runs the
+same steps as torch ops.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ import torch
 log = structlog.get_logger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_attention.c")
+# Built for a baseline CPU by the container image (Dockerfile), which has no compiler at run
+# time: used where no native build can be made.
+PREBUILT = Path(__file__).with_name("cpu_attention_prebuilt.so")
 CFLAGS = (
     "-O3",
     "-march=native",
@@ -85,8 +90,11 @@ def _load() -> Kernels | None:
     try:
         library = ctypes.CDLL(str(_build()))
     except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("cpu_kernels_unavailable", reason=str(exc)[:500])
-        return None
+        if not PREBUILT.exists():
+            log.warning("cpu_kernels_unavailable", reason=str(exc)[:500])
+            return None
+        log.info("cpu_kernels_prebuilt", path=str(PREBUILT), reason=str(exc)[:500])
+        library = ctypes.CDLL(str(PREBUILT))
     decode, norm, rope = library.paged_decode, library.rms_norm, library.rope_write_kv
     decode.argtypes, decode.restype = _DECODE_ARGTYPES, ctypes.c_int
     norm.argtypes, norm.restype = _NORM_ARGTYPES, None

@@ -91,7 +91,17 @@ def test_a_failed_build_is_reported_not_raised(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     with pytest.raises((OSError, subprocess.SubprocessError)):
         cpu_kernels._build()
+    monkeypatch.setattr(cpu_kernels, "PREBUILT", tmp_path / "absent.so")
     assert cpu_kernels._load() is None
+
+
+def test_the_prebuilt_library_serves_without_a_compiler(monkeypatch, tmp_path) -> None:
+    """The container image's build (no compiler at run time) is loaded instead."""
+    built = cpu_kernels._build()  # this host's, standing in for the image's
+    monkeypatch.setenv("CC", "/bin/false")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(cpu_kernels, "PREBUILT", built)
+    assert cpu_kernels._load() is not None
 
 
 def test_rms_norm_with_and_without_the_residual_add() -> None:
