@@ -80,6 +80,16 @@ def kernels() -> Kernels | None:
         return _state["kernels"]
 
 
+def set_enabled(enabled: bool) -> None:
+    """Switch the kernels off (the torch ops serve) or back on: for A/B measurements
+    (bench/cpu_kernels.py) and tests."""
+    with _lock:
+        if enabled:
+            _state.pop("kernels", None)
+        else:
+            _state["kernels"] = None
+
+
 def decode_kernel() -> Callable[..., int] | None:
     """The compiled ``paged_decode``, or None where it cannot be built here."""
     found = kernels()
