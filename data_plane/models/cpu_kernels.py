@@ -167,7 +167,7 @@ def paged_decode(
     bfloat16, contiguous), or None where the kernel is unavailable. ``geometry`` is
     (block_size, rows_per_block, layer_offset); ``tables`` [n, width] and ``lens`` [n] int64."""
     fn = decode_kernel()
-    if fn is None:
+    if fn is None or not (_plain_index(tables, lens) and cache_rows.is_contiguous()):
         return None
     n, num_heads, head_dim = q.shape
     query = q.float().contiguous()
@@ -207,7 +207,8 @@ def rms_norm(
     if (
         found is None
         or not _plain_f32(x, weight)
-        or (residual is not None and not _plain_f32(residual))
+        or weight.shape != x.shape[-1:]
+        or (residual is not None and not (_plain_f32(residual) and residual.shape == x.shape))
     ):
         return None
     out = torch.empty_like(x)
@@ -249,7 +250,7 @@ def rope_write_kv(
     ``placement`` (layer_offset, block_size)."""
     found = kernels()
     cos, sin = rope
-    if found is None or not _plain_f32(qkv, cache_rows, cos, sin):
+    if found is None or not (_plain_f32(qkv, cache_rows, cos, sin) and _plain_index(slot_rows)):
         return False
     num_q, num_kv, head_dim = heads
     layer_offset, block_size = placement
@@ -268,3 +269,10 @@ def rope_write_kv(
         block_size,
     )
     return True
+
+
+def _plain_index(*tensors: torch.Tensor) -> bool:
+    """int64, contiguous, on the CPU: what the kernels read as ``int64_t *``."""
+    return all(
+        t.dtype == torch.int64 and t.device.type == "cpu" and t.is_contiguous() for t in tensors
+    )
