@@ -9,9 +9,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from data_plane.models import cpu_kernels
 from data_plane.models.attention import AttentionMetadata, paged_attention, write_kv
 from data_plane.models.config import ModelConfig, rope_inv_freq
+from data_plane.models.cpu_kernels import rms_norm as cpu_rms_norm
+from data_plane.models.cpu_kernels import rope_write_kv as cpu_rope_write_kv
 
 
 class RMSNorm(nn.Module):
@@ -21,7 +22,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = cpu_kernels.rms_norm(x, None, self.weight, self.eps)  # float32 on the CPU
+        out = cpu_rms_norm(x, None, self.weight, self.eps)  # float32 on the CPU
         if out is not None:
             return out
         if x.dtype == torch.float32:  # the same arithmetic, one fused op
@@ -35,7 +36,7 @@ class RMSNorm(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(RMSNorm of ``residual + x``, that sum): the residual stream's add fused into the
         norm on the CPU (the sum may be written into ``residual``)."""
-        out = cpu_kernels.rms_norm(x, residual, self.weight, self.eps)
+        out = cpu_rms_norm(x, residual, self.weight, self.eps)
         if out is not None:
             return out, residual
         total = residual + x
@@ -129,7 +130,7 @@ class DecoderLayer(nn.Module):
         """RoPE on the q and k heads of ``qkv``, k and v stored in the cache; the rotated q
         ``[n, heads, head_dim]``. One kernel call on the CPU (float32), torch ops elsewhere."""
         n, heads = qkv.shape[0], (self.num_heads, self.num_kv_heads, self.head_dim)
-        if meta.paged is None and cpu_kernels.rope_write_kv(
+        if meta.paged is None and cpu_rope_write_kv(
             qkv, heads, rope, cache_rows, meta.slot_rows, (layer_offset, meta.block_size)
         ):
             return qkv[:, : self.qkv_sizes[0]].view(n, self.num_heads, self.head_dim)
