@@ -100,8 +100,9 @@ class DecoderLayer(nn.Module):
         layer_offset: int,
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(this layer's output, the residual stream before it): the next layer, or the final
-        norm, adds the two (vLLM's convention, so that the add fuses into the norm)."""
+        """(this layer's MLP output, the residual stream it is still to be added to): the next
+        layer's norm, or the final one, adds the two (vLLM's convention: the add fuses into the
+        norm). ``residual`` None: ``x`` is the embedding, the stream's start."""
         n = x.shape[0]
         if residual is None:
             h, residual = self.input_layernorm(x), x
