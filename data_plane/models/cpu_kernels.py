@@ -1,9 +1,10 @@
-"""The CPU decode-attention kernel (``cpu_attention.c``): compiled once per host at first use,
+"""The CPU kernels (``cpu_attention.c``: decode attention, RMSNorm, RoPE + KV write;
+``cpu_matmul.c``: the int4 matmul): compiled once per host at first use into one library,
 called through ctypes.
 
 The shared object is built with the system C compiler (``$CC``, else ``cc``) with
 ``-O3 -march=native`` into ``$XDG_CACHE_HOME/superinfer/kernels`` (``~/.cache`` by default),
-named by a hash of the source, the compiler flags and the CPU's feature flags, so a rebuild
+named by a hash of the sources, the compiler flags and the CPU's feature flags, so a rebuild
 happens only when one of them changes; concurrent builders each write a temporary file and
 rename it into place. Where no compiler is found or the build fails, the library the
 container image built for a baseline CPU (``PREBUILT``) serves if it is there; else
@@ -31,7 +32,7 @@ import torch
 
 log = structlog.get_logger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_attention.c")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_attention.c", "cpu_matmul.c"))
 # Built for a baseline CPU by the container image (Dockerfile), which has no compiler at run
 # time: used where no native build can be made.
 PREBUILT = Path(__file__).with_name("cpu_attention_prebuilt.so")
@@ -57,6 +58,7 @@ _NORM_ARGTYPES: list[Any] = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctyp
 _ROPE_ARGTYPES: list[Any] = (
     [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
 )
+_MATMUL_ARGTYPES: list[Any] = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,9 @@ class Kernels:
     paged_decode: Callable[..., int]
     rms_norm: Callable[..., None]
     rope_write_kv: Callable[..., None]
+    int4_matmul: Callable[..., int]
+    int4_matmul_available: Callable[[], int]
+    int4_dequantize: Callable[..., None]
 
 
 _lock = threading.Lock()
@@ -109,14 +114,20 @@ def _load() -> Kernels | None:
     decode.argtypes, decode.restype = _DECODE_ARGTYPES, ctypes.c_int
     norm.argtypes, norm.restype = _NORM_ARGTYPES, None
     rope.argtypes, rope.restype = _ROPE_ARGTYPES, None
-    return Kernels(decode, norm, rope)
+    int4, int4_available = library.int4_matmul, library.int4_matmul_available
+    int4.argtypes, int4.restype = _MATMUL_ARGTYPES, ctypes.c_int
+    int4_available.argtypes, int4_available.restype = [], ctypes.c_int
+    dequantize = library.int4_dequantize
+    dequantize.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
+    dequantize.restype = None
+    return Kernels(decode, norm, rope, int4, int4_available, dequantize)
 
 
 def _build() -> Path:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise OSError("no C compiler (cc, gcc or $CC) on PATH")
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     key = hashlib.sha256(source + " ".join((compiler, *CFLAGS, _cpu_flags())).encode())
     target = _cache_dir() / f"cpu_attention-{key.hexdigest()[:16]}.so"
     if target.exists():
@@ -125,7 +136,7 @@ def _build() -> Path:
     fd, temporary = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        command = [compiler, *CFLAGS, str(SOURCE), "-o", temporary, "-lm"]
+        command = [compiler, *CFLAGS, *map(str, SOURCES), "-o", temporary, "-lm"]
         done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         if done.returncode != 0:
             raise OSError(f"{' '.join(command)} failed: {done.stderr.strip()}")
@@ -276,3 +287,62 @@ def _plain_index(*tensors: torch.Tensor) -> bool:
     return all(
         t.dtype == torch.int64 and t.device.type == "cpu" and t.is_contiguous() for t in tensors
     )
+
+
+def int4_available() -> bool:
+    """Whether :func:`int4_matmul` computes here (the library built with AVX512-VNNI)."""
+    found = kernels()
+    return found is not None and bool(found.int4_matmul_available())
+
+
+def int4_matmul(
+    x: torch.Tensor, codes: torch.Tensor, scale_bits: torch.Tensor
+) -> torch.Tensor | None:
+    """``x`` [m, k] float32 @ W.T, W [n, k] as 4-bit ``codes`` [n / 16, k / 32, 4, 16, 4] and
+    ``scale_bits`` [n / 16, k / 32, 2, 16] (``int4_blocks``' layout): float32 [m, n]. None
+    where the kernel is unavailable here or ``x`` is not a float32 matrix on the CPU."""
+    found = kernels()
+    if found is None or not found.int4_matmul_available():
+        return None
+    if x.dim() != 2 or not _plain_f32(x):
+        return None
+    m, k = x.shape
+    n = codes.shape[0] * 16
+    if (
+        codes.shape != (n // 16, k // 32, 4, 16, 4)
+        or scale_bits.shape != (n // 16, k // 32, 2, 16)
+        or k % 32
+        or not (codes.is_contiguous() and scale_bits.is_contiguous())
+    ):
+        raise ValueError(f"int4_matmul: weights {tuple(codes.shape)} do not match x {(m, k)}")
+    out = torch.empty(m, n, dtype=torch.float32)
+    status = found.int4_matmul(
+        x.data_ptr(),
+        codes.data_ptr(),
+        scale_bits.data_ptr(),
+        out.data_ptr(),
+        m,
+        n,
+        k,
+        torch.get_num_threads(),
+    )
+    if status == -2:
+        raise MemoryError("int4_matmul: no memory for the quantized activations")
+    return out if status == 0 else None
+
+
+def int4_dequantize(codes: torch.Tensor, scale_bits: torch.Tensor) -> torch.Tensor | None:
+    """The weight [n, k] in bfloat16 from ``int4_blocks``' layout (see :func:`int4_matmul`),
+    or None where the kernels are unavailable."""
+    found = kernels()
+    if found is None:
+        return None
+    if not (codes.is_contiguous() and scale_bits.is_contiguous()):
+        raise ValueError("int4_dequantize: the codes and scales must be contiguous")
+    num_blocks, groups = codes.shape[:2]
+    n, k = num_blocks * 16, groups * 32
+    out = torch.empty(n, k, dtype=torch.bfloat16)
+    found.int4_dequantize(
+        codes.data_ptr(), scale_bits.data_ptr(), out.data_ptr(), n, k, torch.get_num_threads()
+    )
+    return out

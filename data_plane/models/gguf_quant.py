@@ -2,14 +2,15 @@
 dequantized to floats.
 
 Per layer (or the embedding / lm_head) whose GGUF weights are all of quantized types:
-- every part Q4_0, Q4_1 or Q4_K (and the shape allows it): ``Int4Linear`` with the file's own
+- every part Q4_0, Q4_1 or Q4_K (and the shape allows it): 4-bit (``quant.int4_linear``:
+  ``Int4BlockLinear`` where our CPU kernel computes, else ``Int4Linear``) with the file's own
   4-bit codes and per-32 scales/offsets, exact up to the scales' rounding to bfloat16;
 - otherwise (Q8_0, Q5_*, Q2/3/5/6_K, or a mix): ``Int8Linear``, re-quantized per output row
   from the dequantized values;
 - the token embedding: ``Int8Embedding`` (per row), shared by a tied lm_head.
 
-A layer whose two MLP matmuls are both quantized runs its MLP activations in bfloat16
-(``DecoderLayer.mlp_dtype``), the dtype those kernels compute in.
+A layer whose two MLP matmuls both compute in bfloat16 (torch's kernels; ours for int4 takes
+float32) runs its MLP activations in bfloat16 (``DecoderLayer.mlp_dtype``), with no casts between.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from data_plane.models.config import ModelConfig, ModelConfigError
+from data_plane.models.int4_blocks import Int4BlockLinear
 from data_plane.models.llama import LlamaModel
 from data_plane.models.quant import (
     COMPUTE_DTYPE,
@@ -50,7 +52,7 @@ LINEAR_PARTS = {
     "lm_head": (None,),
 }
 
-QUANTIZED_LINEARS = (Int4Linear, Int8Linear)
+QUANTIZED_LINEARS = (Int4Linear, Int4BlockLinear, Int8Linear)
 Dequantize = Callable[["ReaderTensor"], np.ndarray]
 Permute = Callable[[torch.Tensor, str | None], torch.Tensor]
 
@@ -88,9 +90,17 @@ def quantize_model(
     for module_name, by_part in parts.items():
         _quantize_linear(model, module_name, by_part, biases.get(module_name), dequantize, permute)
     for layer in model.layers:
-        quantized = {n for n, m in layer.named_children() if isinstance(m, QUANTIZED_LINEARS)}
-        if {"gate_up_proj", "down_proj"} <= quantized:
-            layer.mlp_dtype = COMPUTE_DTYPE  # type: ignore[assignment]
+        layer.mlp_dtype = _mlp_dtype(layer.gate_up_proj, layer.down_proj)  # type: ignore[assignment]
+
+
+def _mlp_dtype(*mlp: object) -> torch.dtype | None:
+    """bfloat16 where every MLP matmul computes in it, else None (the model's dtype)."""
+    dtypes = set()
+    for module in mlp:
+        if not isinstance(module, QUANTIZED_LINEARS):
+            return None
+        dtypes.add(module.input_dtype())
+    return COMPUTE_DTYPE if dtypes == {COMPUTE_DTYPE} else None
 
 
 def _quantize_linear(
@@ -101,7 +111,7 @@ def _quantize_linear(
     dequantize: Dequantize,
     permute: Permute,
 ) -> None:
-    """One linear module's GGUF tensors as ``Int4Linear`` where they allow it, else int8."""
+    """One linear module's GGUF tensors as 4-bit where they allow it, else int8."""
     names = LINEAR_PARTS[module_name.rpartition(".")[2]]
     tensors = [by_part[part] for part in names]
     if all(t.tensor_type.name in INT4_TYPES for t in tensors):

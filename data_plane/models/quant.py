@@ -1,9 +1,12 @@
-"""Weight-only quantized layers for the CPU: weights stay 4- or 8-bit in memory and torch's
-CPU kernels read them directly (``_weight_int4pack_mm_for_cpu``, ``_weight_int8pack_mm``).
+"""Weight-only quantized layers for the CPU: weights stay 4- or 8-bit in memory and kernels read
+them directly: for int4 ours (``cpu_matmul.c``, in ``int4_blocks.Int4BlockLinear``'s layout)
+where the library is built with AVX512-VNNI, else torch's (``_weight_int4pack_mm_for_cpu``);
+for int8 torch's (``_weight_int8pack_mm``).
 
-Both kernels take bfloat16 activations (their float32 paths are 25-80x slower here,
+Torch's kernels take bfloat16 activations (their float32 paths are 25-80x slower here,
 bench/quant_matmul.py), so a quantized layer computes in bfloat16 and returns the caller's
-dtype, as llama.cpp rounds activations to 8 bits for its quantized dot products.
+dtype, as llama.cpp rounds activations to 8 bits for its quantized dot products. Ours takes
+float32 activations as two int8 digits per value (~15 bits).
 
 - ``Int4Linear``: groups of ``group_size`` weights along the input, ``w = (q - 8) * scale +
   zero`` with ``q`` in 0..15 (tinygemm's form); GGUF Q4_0, Q4_1 and Q4_K map onto it exactly
@@ -26,6 +29,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from data_plane.models.cpu_kernels import int4_available
+from data_plane.models.int4_blocks import Int4BlockLinear
 
 COMPUTE_DTYPE = torch.bfloat16
 INT4_GROUP = 32
@@ -63,6 +69,10 @@ class Int4Linear(nn.Module):
         self.half_block = _int4_layout_half_block(packed, codes)
         nibbles = None if self.half_block else codes[:, 0::2] | (codes[:, 1::2] << 4)
         self.register_buffer("nibbles", nibbles)  # only when the packing's layout is unknown
+
+    def input_dtype(self) -> torch.dtype:
+        """The dtype this layer multiplies in: torch's kernel's bfloat16."""
+        return COMPUTE_DTYPE
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(COMPUTE_DTYPE)
@@ -124,6 +134,10 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale_bits", _bits(scales))
         self.register_buffer("bias", bias)
 
+    def input_dtype(self) -> torch.dtype:
+        """The dtype this layer multiplies in: torch's kernel's bfloat16."""
+        return COMPUTE_DTYPE
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(COMPUTE_DTYPE)
         out = torch._weight_int8pack_mm(flat, self.codes, self.scale_bits.view(COMPUTE_DTYPE))
@@ -156,11 +170,13 @@ class Int8Embedding(nn.Module):
 
 def int4_linear(
     codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bias: torch.Tensor | None
-) -> Int4Linear:
+) -> Int4Linear | Int4BlockLinear:
     """From 4-bit ``codes`` [N, K] (0..15) and per-group ``scale``/``offset`` [N, K / 32] of
-    ``w = scale * q + offset``."""
+    ``w = scale * q + offset``: in our kernel's layout where it computes here, else torch's."""
     if not int4_supported(*(int(size) for size in codes.shape)):
         raise ValueError(f"int4 needs rows % 16 == 0 and columns % 32 == 0: {codes.shape}")
+    if int4_available():
+        return Int4BlockLinear(codes, scale, offset, _float_bias(bias))
     zero = offset + 8 * scale  # tinygemm's zero is the value of code 8
     scale_zeros = torch.stack((scale.t(), zero.t()), dim=-1).to(COMPUTE_DTYPE).contiguous()
     return Int4Linear(codes, scale_zeros, _float_bias(bias))

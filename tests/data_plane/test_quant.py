@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
 from data_plane.engine.config import EngineConfig  # noqa: E402
 from data_plane.engine.llm import build_engine  # noqa: E402
 from data_plane.engine.sampling import SamplingParams  # noqa: E402
-from data_plane.models import load_model  # noqa: E402
+from data_plane.models import cpu_kernels, int4_blocks, load_model  # noqa: E402
 from data_plane.models.config import ModelConfigError  # noqa: E402
 from data_plane.models.quant import (  # noqa: E402
     DENSE_MIN_ROWS,
@@ -56,6 +56,9 @@ def llama_model() -> torch.nn.Module:
     return _hf_model("llama")
 
 
+INT4_LINEARS = (Int4Linear, int4_blocks.Int4BlockLinear)  # torch's kernel's layout, ours
+
+
 def _dense_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: param.detach() for name, param in model.named_parameters()}
 
@@ -74,13 +77,13 @@ def test_quantized_layers_hold_the_files_weights(
     linears = {
         name: module
         for name, module in quantized.named_modules()
-        if isinstance(module, (Int4Linear, Int8Linear))
+        if isinstance(module, (*INT4_LINEARS, Int8Linear))
     }
     assert len(linears) == 4 * 2 + 1  # qkv, o, gate_up, down per layer; the lm_head
     for name, module in linears.items():
         want = dense[f"{name}.weight"]
         if qtype_name in INT4_TYPES:
-            assert isinstance(module, Int4Linear), name
+            assert isinstance(module, INT4_LINEARS), name
             got = module.dequantized().float()
             tol = 2**-6 * want.abs().max().item()
         else:
@@ -163,6 +166,50 @@ def test_int4_kernel_and_dense_paths_agree() -> None:
         assert ((got - want).norm() / want.norm()).item() < 0.01, num_rows
 
 
+def test_int4_blocks_hold_the_weights() -> None:
+    """The CPU kernel's layout (int4_blocks) unpacks to scale * code + offset, the scales and
+    offsets as held (bfloat16), whatever the host."""
+    generator = torch.Generator().manual_seed(2)
+    rows, cols = 48, 96
+    codes = torch.randint(0, 16, (rows, cols), generator=generator, dtype=torch.uint8)
+    scale = torch.rand(rows, cols // 32, generator=generator)
+    offset = torch.randn(rows, cols // 32, generator=generator)
+    packed, bits = int4_blocks.pack(codes, scale, offset)
+    assert packed.numel() == rows * cols // 2 and bits.numel() == 2 * rows * cols // 32
+    rounded = (t.to(torch.bfloat16).float().repeat_interleave(32, dim=1) for t in (scale, offset))
+    want = codes.float() * next(rounded) + next(rounded)
+    assert torch.equal(int4_blocks.unpack(packed, bits), want)
+
+
+@pytest.mark.skipif(
+    not cpu_kernels.int4_available(), reason="no AVX512-VNNI build of the CPU kernels"
+)
+def test_cpu_int4_kernel_within_its_activation_rounding() -> None:
+    """The CPU kernel (cpu_matmul.c: activations as two int8 digits per group of 32) against a
+    float64 matmul with the dequantized weights, for 1 to 2 x ROW_TILE + 1 rows and up to
+    DENSE_MIN_ROWS: finer than torch's kernel's bfloat16 activations (~4e-3); from
+    DENSE_MIN_ROWS rows on the bfloat16 weight (dequantized in C, exactly) multiplies dense."""
+    generator = torch.Generator().manual_seed(1)
+    rows, cols = 320, 384
+    codes = torch.randint(0, 16, (rows, cols), generator=generator, dtype=torch.uint8)
+    scale = torch.rand(rows, cols // 32, generator=generator) * 0.01 + 0.001
+    offset = -torch.rand(rows, cols // 32, generator=generator) * 0.05
+    layer = int4_linear(codes, scale, offset, None)
+    assert isinstance(layer, int4_blocks.Int4BlockLinear)
+    weight = layer.dequantized().double()
+    dense = cpu_kernels.int4_dequantize(layer.codes, layer.scale_bits)
+    assert dense is not None and torch.equal(dense, weight.to(torch.bfloat16))
+    x = torch.randn(300, cols, generator=generator)
+    x[3, :32] = 0.0  # a group of zeros: scale 0, no division by it
+    limit = int4_blocks.DENSE_MIN_ROWS
+    for num_rows, tolerance in ((1, 2e-4), (8, 2e-4), (17, 2e-4), (limit - 1, 2e-4), (300, 0.01)):
+        want = x[:num_rows].double() @ weight.t()
+        got = layer(x[:num_rows])
+        assert got.dtype == torch.float32 and got.shape == (num_rows, rows)
+        error = ((got.double() - want).norm() / want.norm()).item()
+        assert 1e-6 < error < tolerance, num_rows  # kernel 2-5e-5; float32 would be ~1e-7
+
+
 def test_quantization_flag_errors(tmp_path: Path, llama_model: torch.nn.Module) -> None:
     path = write_gguf(llama_model, tmp_path / "q.gguf", "llama", "Q4_0")
     with pytest.raises(ModelConfigError, match="'fp8' is not one of"):
@@ -196,7 +243,8 @@ def smollm_quantized() -> tuple[Any, Path]:
 
 def test_smollm_weights_occupy_at_most_the_file(smollm_quantized: tuple[Any, Path]) -> None:
     loaded, path = smollm_quantized
-    assert isinstance(loaded.model.layers[0].qkv_proj, Int4Linear)  # the file's Q4_1
+    qkv = loaded.model.layers[0].qkv_proj
+    assert isinstance(qkv, INT4_LINEARS)  # the file's Q4_1
     assert module_bytes(loaded.model) <= 1.0 * path.stat().st_size  # measured 0.96x
 
 
