@@ -44,7 +44,7 @@ COPY lab ./lab
 RUN pip install ".${EXTRAS:+[${EXTRAS}]}" \
     && superinfer --help > /dev/null \
     && python -m compileall -q -j 0 /opt/superinfer/lib
-# The CPU kernels (data_plane/models/cpu_attention.c, cpu_matmul.c) for a baseline CPU of the target
+# The CPU kernels (data_plane/models/cpu_*.c) for a baseline CPU of the target
 # architecture: the runtime image has no compiler to build them natively at first use.
 # hadolint ignore=DL3008
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
@@ -52,7 +52,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
     && case "$(uname -m)" in x86_64) march=x86-64-v3 ;; *) march=armv8-a ;; esac \
     && gcc -O3 -march="${march}" -fno-math-errno -fassociative-math -fno-signed-zeros \
        -fno-trapping-math -shared -fPIC -fopenmp "${models}/cpu_attention.c" \
-       "${models}/cpu_matmul.c" \
+       "${models}/cpu_matmul.c" "${models}/cpu_decode_layer.c" \
        -o "${models}/cpu_attention_prebuilt.so" -lm \
     && rm -rf /var/lib/apt/lists/*
 

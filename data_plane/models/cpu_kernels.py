@@ -1,6 +1,6 @@
 """The CPU kernels (``cpu_attention.c``: decode attention, RMSNorm, RoPE + KV write;
-``cpu_matmul.c``: the int4 matmul): compiled once per host at first use into one library,
-called through ctypes.
+``cpu_matmul.c``: the int4 matmul; ``cpu_decode_layer.c``: a whole decoder layer of decodes):
+compiled once per host at first use into one library, called through ctypes.
 
 The shared object is built with the system C compiler (``$CC``, else ``cc``) with
 ``-O3 -march=native`` into ``$XDG_CACHE_HOME/superinfer/kernels`` (``~/.cache`` by default),
@@ -32,7 +32,10 @@ import torch
 
 log = structlog.get_logger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_attention.c", "cpu_matmul.c"))
+SOURCES = tuple(
+    Path(__file__).with_name(name)
+    for name in ("cpu_attention.c", "cpu_matmul.c", "cpu_decode_layer.c")
+)
 # Built for a baseline CPU by the container image (Dockerfile), which has no compiler at run
 # time: used where no native build can be made.
 PREBUILT = Path(__file__).with_name("cpu_attention_prebuilt.so")
@@ -71,6 +74,7 @@ class Kernels:
     int4_matmul: Callable[..., int]
     int4_matmul_available: Callable[[], int]
     int4_dequantize: Callable[..., None]
+    decode_layer: Callable[..., int]
 
 
 _lock = threading.Lock()
@@ -120,7 +124,9 @@ def _load() -> Kernels | None:
     dequantize = library.int4_dequantize
     dequantize.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
     dequantize.restype = None
-    return Kernels(decode, norm, rope, int4, int4_available, dequantize)
+    layer = library.decode_layer
+    layer.argtypes, layer.restype = [ctypes.c_void_p], ctypes.c_int
+    return Kernels(decode, norm, rope, int4, int4_available, dequantize, layer)
 
 
 def _build() -> Path:
@@ -178,7 +184,7 @@ def paged_decode(
     bfloat16, contiguous), or None where the kernel is unavailable. ``geometry`` is
     (block_size, rows_per_block, layer_offset); ``tables`` [n, width] and ``lens`` [n] int64."""
     fn = decode_kernel()
-    if fn is None or not (_plain_index(tables, lens) and cache_rows.is_contiguous()):
+    if fn is None or not (plain_index(tables, lens) and cache_rows.is_contiguous()):
         return None
     n, num_heads, head_dim = q.shape
     query = q.float().contiguous()
@@ -217,9 +223,9 @@ def rms_norm(
     found = kernels()
     if (
         found is None
-        or not _plain_f32(x, weight)
+        or not plain_f32(x, weight)
         or weight.shape != x.shape[-1:]
-        or (residual is not None and not (_plain_f32(residual) and residual.shape == x.shape))
+        or (residual is not None and not (plain_f32(residual) and residual.shape == x.shape))
     ):
         return None
     out = torch.empty_like(x)
@@ -241,7 +247,7 @@ def rms_norm(
     return out
 
 
-def _plain_f32(*tensors: torch.Tensor) -> bool:
+def plain_f32(*tensors: torch.Tensor) -> bool:
     return all(
         t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors
     )
@@ -261,7 +267,7 @@ def rope_write_kv(
     ``placement`` (layer_offset, block_size)."""
     found = kernels()
     cos, sin = rope
-    if found is None or not (_plain_f32(qkv, cache_rows, cos, sin) and _plain_index(slot_rows)):
+    if found is None or not (plain_f32(qkv, cache_rows, cos, sin) and plain_index(slot_rows)):
         return False
     num_q, num_kv, head_dim = heads
     layer_offset, block_size = placement
@@ -282,7 +288,7 @@ def rope_write_kv(
     return True
 
 
-def _plain_index(*tensors: torch.Tensor) -> bool:
+def plain_index(*tensors: torch.Tensor) -> bool:
     """int64, contiguous, on the CPU: what the kernels read as ``int64_t *``."""
     return all(
         t.dtype == torch.int64 and t.device.type == "cpu" and t.is_contiguous() for t in tensors
@@ -304,7 +310,7 @@ def int4_matmul(
     found = kernels()
     if found is None or not found.int4_matmul_available():
         return None
-    if x.dim() != 2 or not _plain_f32(x):
+    if x.dim() != 2 or not plain_f32(x):
         return None
     m, k = x.shape
     n = codes.shape[0] * 16

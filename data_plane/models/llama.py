@@ -11,8 +11,10 @@ from torch.overrides import TorchFunctionMode
 
 from data_plane.models.attention import AttentionMetadata, paged_attention, write_kv
 from data_plane.models.config import ModelConfig, rope_inv_freq
+from data_plane.models.cpu_decode_layer import LayerWeights, decode_layer
 from data_plane.models.cpu_kernels import rms_norm as cpu_rms_norm
 from data_plane.models.cpu_kernels import rope_write_kv as cpu_rope_write_kv
+from data_plane.models.int4_blocks import Int4BlockLinear
 
 
 class RMSNorm(nn.Module):
@@ -103,6 +105,11 @@ class DecoderLayer(nn.Module):
         """(this layer's MLP output, the residual stream it is still to be added to): the next
         layer's norm, or the final one, adds the two (vLLM's convention: the add fuses into the
         norm). ``residual`` None: ``x`` is the embedding, the stream's start."""
+        weights = self._int4_weights()
+        if weights is not None:
+            fused = decode_layer(weights, x, residual, rope, cache_rows, layer_offset, meta)
+            if fused is not None:
+                return fused
         n = x.shape[0]
         if residual is None:
             h, residual = self.input_layernorm(x), x
@@ -119,6 +126,20 @@ class DecoderLayer(nn.Module):
         gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
         # fp16 + bf16 would be fp32: the residual stream keeps the model's dtype
         return self.down_proj(F.silu(gate) * up).to(residual.dtype), residual
+
+    def _int4_weights(self) -> LayerWeights | None:
+        """This layer's weights for the fused CPU decode kernel, where all four matmuls are
+        int4 in its layout (read from the modules at each call: loaders swap them)."""
+        linears = (self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj)
+        if not all(isinstance(linear, Int4BlockLinear) for linear in linears):
+            return None
+        return LayerWeights(
+            *linears,  # type: ignore[arg-type]
+            norms=(self.input_layernorm.weight, self.post_attention_layernorm.weight),
+            eps=self.input_layernorm.eps,
+            heads=(self.num_heads, self.num_kv_heads, self.head_dim),
+            window=self.sliding_window,
+        )
 
     def _rope_write_kv(
         self,
