@@ -285,3 +285,50 @@ def test_smollm_quantized_within_tolerance_of_transformers(
         assert error[len(prompt) - 1 :].mean().item() <= 0.06, question  # the continuation
         generated = part.ranks[len(prompt) - 1 :]
         assert sum(rank == 1 for rank in generated) >= 0.9 * len(generated), question
+
+
+def test_smollm_decode_steps_within_tolerance_of_transformers(
+    smollm_quantized: tuple[Any, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decode path (on hosts with the int4 kernel: each layer in one C call,
+    cpu_decode_layer.c) against transformers on the dequantized file: each generated token's
+    log-probability, teacher-forced there on the same tokens."""
+    import jinja2
+
+    from data_plane.models import llama
+
+    loaded, path = smollm_quantized
+    calls = {"fused": 0}
+    fused = llama.decode_layer
+
+    def counted(*args: Any) -> Any:
+        out = fused(*args)
+        calls["fused"] += out is not None
+        return out
+
+    monkeypatch.setattr(llama, "decode_layer", counted)
+    reference = _reference(path.parent, path.name)
+    template = jinja2.Environment().from_string(
+        str(gguf.GGUFReader(path).fields["tokenizer.chat_template"].contents())
+    )
+    chat = [{"role": "user", "content": SMOLLM_QUESTIONS[1]}]
+    prompt = loaded.tokenizer.encode(
+        template.render(messages=chat, add_generation_prompt=True), add_bos=False
+    )
+    engine = build_engine(loaded, EngineConfig(block_size=16, num_hbm_blocks=64))
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=0)
+    engine.add_request("r", prompt, params)
+    generated: list[int] = []
+    logprobs: list[float] = []
+    while engine.has_unfinished():
+        for output in engine.step().outputs:
+            generated += output.new_token_ids
+            logprobs += output.logprobs.logprobs if output.logprobs else []
+    with torch.no_grad():
+        logits = reference(torch.tensor([prompt + generated])).logits[0, len(prompt) - 1 : -1]
+    want = torch.log_softmax(logits.float(), dim=-1).gather(1, torch.tensor(generated)[:, None])
+    error = (torch.tensor(logprobs) - want.squeeze(1)).abs()
+    assert len(logprobs) == len(generated) == 24
+    assert error.mean().item() <= 0.06 and error.max().item() <= 0.3  # the continuation's bound
+    if cpu_kernels.int4_available():
+        assert calls["fused"] == 30 * 23  # every layer of every decode step (the first: prefill)
