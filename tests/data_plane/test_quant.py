@@ -241,6 +241,13 @@ def smollm_quantized() -> tuple[Any, Path]:
     return load_model(str(path)), path
 
 
+@pytest.fixture(scope="module")
+def smollm_reference(smollm_quantized: tuple[Any, Path]) -> Any:
+    """transformers' model of the dequantized file (loaded once for the module's tests)."""
+    _, path = smollm_quantized
+    return _reference(path.parent, path.name)
+
+
 def test_smollm_weights_occupy_at_most_the_file(smollm_quantized: tuple[Any, Path]) -> None:
     loaded, path = smollm_quantized
     qkv = loaded.model.layers[0].qkv_proj
@@ -259,12 +266,12 @@ def _prompt_logprobs(loaded: Any, tokens: list[int]) -> Any:
 
 
 def test_smollm_quantized_within_tolerance_of_transformers(
-    smollm_quantized: tuple[Any, Path],
+    smollm_quantized: tuple[Any, Path], smollm_reference: Any
 ) -> None:
     import jinja2
 
     loaded, path = smollm_quantized
-    reference = _reference(path.parent, path.name)
+    reference = smollm_reference
     template = jinja2.Environment().from_string(
         str(gguf.GGUFReader(path).fields["tokenizer.chat_template"].contents())
     )
@@ -288,7 +295,7 @@ def test_smollm_quantized_within_tolerance_of_transformers(
 
 
 def test_smollm_decode_steps_within_tolerance_of_transformers(
-    smollm_quantized: tuple[Any, Path], monkeypatch: pytest.MonkeyPatch
+    smollm_quantized: tuple[Any, Path], smollm_reference: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The decode path (on hosts with the int4 kernel: each layer in one C call,
     cpu_decode_layer.c) against transformers on the dequantized file: each generated token's
@@ -307,7 +314,7 @@ def test_smollm_decode_steps_within_tolerance_of_transformers(
         return out
 
     monkeypatch.setattr(llama, "decode_layer", counted)
-    reference = _reference(path.parent, path.name)
+    reference = smollm_reference
     template = jinja2.Environment().from_string(
         str(gguf.GGUFReader(path).fields["tokenizer.chat_template"].contents())
     )
