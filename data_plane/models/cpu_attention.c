@@ -15,31 +15,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_exp.h"
+
 static inline float bf16_to_f32(uint16_t bits) {
     uint32_t wide = (uint32_t)bits << 16;
     float out;
     memcpy(&out, &wide, sizeof out);
     return out;
-}
-
-/* e^x for x <= 0 (a score minus its row's maximum), to ~2e-7 relative: 2^(x log2 e) as an
- * exponent and a degree-7 polynomial of the fraction, in plain arithmetic the compiler
- * vectorizes (the C library's expf is one call per value). */
-static inline float exp_nonpositive(float x) {
-    float t = (x < -80.0f ? -80.0f : x) * 1.44269504f, whole = floorf(t), f = t - whole;
-    float p = 1.5252733e-5f;
-    p = p * f + 1.5403530e-4f;
-    p = p * f + 1.3333558e-3f;
-    p = p * f + 9.6181291e-3f;
-    p = p * f + 5.5504109e-2f;
-    p = p * f + 2.4022651e-1f;
-    p = p * f + 6.9314718e-1f;
-    p = p * f + 1.0f;
-    int32_t bits;
-    memcpy(&bits, &p, sizeof bits);
-    bits += (int32_t)whole * (1 << 23);
-    memcpy(&p, &bits, sizeof p);
-    return p;
 }
 
 /* Every attended token of sequence `i` in order, its K row (`v_offset` 0) or V row
@@ -99,7 +81,7 @@ struct decode_args {
             float top = -INFINITY, total = 0.0f;                                              \
             for (int64_t t = 0; t < count; ++t) top = sh[t] > top ? sh[t] : top;              \
             for (int64_t t = 0; t < count; ++t) {                                             \
-                sh[t] = exp_nonpositive(sh[t] - top);                                         \
+                sh[t] = exp_approx(sh[t] - top);                                              \
                 total += sh[t];                                                               \
             }                                                                                 \
             float inv = count > 0 ? 1.0f / total : 0.0f;                                      \

@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_exp.h"
+
 int int4_matmul(const float *x, const uint8_t *codes, const uint16_t *scales, float *out,
                 int64_t m, int64_t n, int64_t k, int64_t num_threads);
 void rms_norm(float *x, const float *residual, const float *weight, float *out, int64_t rows,
@@ -94,7 +96,7 @@ int decode_layer(const struct decode_layer_args *a) {
             float *act = wide + r * inter; /* row r's product over row r's gate: read first */
             for (int64_t i = 0; i < inter; ++i) {
                 float g = gate[i];
-                act[i] = g / (1.0f + expf(-g)) * up[i];
+                act[i] = g / (1.0f + exp_approx(-g)) * up[i];
             }
         }
         status = matmul(a, &a->down, wide, a->out);

@@ -36,6 +36,7 @@ SOURCES = tuple(
     Path(__file__).with_name(name)
     for name in ("cpu_attention.c", "cpu_matmul.c", "cpu_decode_layer.c")
 )
+HEADER = Path(__file__).with_name("cpu_exp.h")  # included by the sources
 # Built for a baseline CPU by the container image (Dockerfile), which has no compiler at run
 # time: used where no native build can be made.
 PREBUILT = Path(__file__).with_name("cpu_attention_prebuilt.so")
@@ -133,7 +134,7 @@ def _build() -> Path:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise OSError("no C compiler (cc, gcc or $CC) on PATH")
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    source = b"".join(path.read_bytes() for path in (*SOURCES, HEADER))
     key = hashlib.sha256(source + " ".join((compiler, *CFLAGS, _cpu_flags())).encode())
     target = _cache_dir() / f"cpu_attention-{key.hexdigest()[:16]}.so"
     if target.exists():
