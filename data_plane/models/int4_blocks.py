@@ -28,7 +28,7 @@ BLOCK_ROWS, GROUP = 16, 32
 DENSE_MIN_ROWS = 128
 
 
-def pack(
+def to_kernel_layout(
     codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, scale bits) in the kernel's layout from ``codes`` [N, K] in 0..15 and ``scale``,
@@ -44,7 +44,7 @@ def pack(
     return packed, bits
 
 
-def unpack(packed: torch.Tensor, scale_bits: torch.Tensor) -> torch.Tensor:
+def from_kernel_layout(packed: torch.Tensor, scale_bits: torch.Tensor) -> torch.Tensor:
     """The weight [N, K] in float32 (a new tensor)."""
     num_blocks, groups = packed.shape[:2]
     n, k = num_blocks * BLOCK_ROWS, groups * GROUP
@@ -74,7 +74,7 @@ class Int4BlockLinear(nn.Module):
         offset`` per group of 32 columns."""
         super().__init__()
         self.out_features, self.in_features = (int(size) for size in codes.shape)
-        packed, bits = pack(codes, scale, offset)
+        packed, bits = to_kernel_layout(codes, scale, offset)
         self.register_buffer("codes", packed)
         self.register_buffer("scale_bits", bits)
         self.register_buffer("bias", bias)
@@ -100,4 +100,4 @@ class Int4BlockLinear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """The weight [N, K] in float32 (a new tensor each call)."""
-        return unpack(self.codes, self.scale_bits)
+        return from_kernel_layout(self.codes, self.scale_bits)

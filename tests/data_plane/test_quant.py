@@ -174,11 +174,11 @@ def test_int4_blocks_hold_the_weights() -> None:
     codes = torch.randint(0, 16, (rows, cols), generator=generator, dtype=torch.uint8)
     scale = torch.rand(rows, cols // 32, generator=generator)
     offset = torch.randn(rows, cols // 32, generator=generator)
-    packed, bits = int4_blocks.pack(codes, scale, offset)
+    packed, bits = int4_blocks.to_kernel_layout(codes, scale, offset)
     assert packed.numel() == rows * cols // 2 and bits.numel() == 2 * rows * cols // 32
     rounded = (t.to(torch.bfloat16).float().repeat_interleave(32, dim=1) for t in (scale, offset))
     want = codes.float() * next(rounded) + next(rounded)
-    assert torch.equal(int4_blocks.unpack(packed, bits), want)
+    assert torch.equal(int4_blocks.from_kernel_layout(packed, bits), want)
 
 
 @pytest.mark.skipif(
