@@ -32,7 +32,13 @@ INT64_POINTERS = {
 }
 
 
-def compile_kernel(fn: Any, pointer_type: str, constants: dict[str, Any], arch: int) -> Any:
+FP32_POINTERS = {"cos_ptr", "sin_ptr"}  # the fused RoPE's tables are fp32 whatever the model
+FP32_SCALARS = {"qk_scale", "eps"}
+
+
+def compile_kernel(
+    fn: Any, pointer_type: str, constants: dict[str, Any], arch: int, num_warps: int = 4
+) -> Any:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -46,15 +52,16 @@ def compile_kernel(fn: Any, pointer_type: str, constants: dict[str, Any], arch: 
             signature[name] = "constexpr"
         elif name.endswith("_ptr"):
             signature[name] = "*i64" if name in INT64_POINTERS else pointer_type
+            signature[name] = "*fp32" if name in FP32_POINTERS else signature[name]
             aligned.append(name)
         else:
-            signature[name] = "fp32" if name == "qk_scale" else "i32"
+            signature[name] = "fp32" if name in FP32_SCALARS else "i32"
             if name.startswith("stride_") or name == "rows_per_block":
                 aligned.append(name)
     attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     source = ASTSource(kernel, signature, constexprs=constants, attrs=attrs)
     target = GPUTarget("cuda", arch, 32)
-    return triton.compile(source, target=target, options={"num_warps": 4, "num_stages": 2})
+    return triton.compile(source, target=target, options={"num_warps": num_warps, "num_stages": 2})
 
 
 def attention_cases() -> list[tuple[str, str, dict[str, Any]]]:
@@ -88,6 +95,29 @@ def attention_cases() -> list[tuple[str, str, dict[str, Any]]]:
     return cases
 
 
+def compile_fused(arch: int) -> int:
+    """The fused element-wise kernels (``triton_fused``) at Llama-3-8B's shape in bf16."""
+    from data_plane.models import triton_fused as tf
+
+    tf._kernels()
+    norm = {"HAS_RESIDUAL": True, "BLOCK": 4096}
+    compile_kernel(tf._rms_norm_kernel, "*bf16", norm, arch, num_warps=16)
+    print("rms_norm + residual bf16 (hidden 4096): ok")
+    rope = {
+        "NUM_HEADS": 32,
+        "NUM_KV_HEADS": 8,
+        "HEAD_DIM": 128,
+        "HEADS_P": 64,
+        "KV_HEADS_P": 8,
+        "HEAD_DIM_P": 128,
+    }
+    compile_kernel(tf._rope_write_kv_kernel, "*bf16", rope, arch)
+    print("rope_write_kv bf16 (32 / 8 heads, head_dim 128): ok")
+    compile_kernel(tf._silu_and_mul_kernel, "*bf16", {"BLOCK": tf.SILU_BLOCK}, arch)
+    print("silu_and_mul bf16: ok")
+    return 3
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90)
@@ -109,7 +139,9 @@ def main() -> int:
     write = {"NUM_KV_HEADS": 8, "HEAD_DIM": 128, "KV_HEADS_P": 8, "HEAD_DIM_P": 128}
     compile_kernel(ta._write_kv_kernel, "*bf16", write, args.arch)
     print("write_kv bf16: ok")
-    print(f"RESULT compile_check kernels=4 async_copies={'yes' if async_copies else 'no'}")
+    num_fused = compile_fused(args.arch)
+    copies = "yes" if async_copies else "no"
+    print(f"RESULT compile_check kernels={4 + num_fused} async_copies={copies}")
     return 0
 
 

@@ -15,6 +15,9 @@ from data_plane.models.cpu_decode_layer import LayerWeights, decode_layer
 from data_plane.models.cpu_kernels import rms_norm as cpu_rms_norm
 from data_plane.models.cpu_kernels import rope_write_kv as cpu_rope_write_kv
 from data_plane.models.int4_blocks import Int4BlockLinear
+from data_plane.models.triton_fused import rms_norm as fused_rms_norm
+from data_plane.models.triton_fused import rope_write_kv as fused_rope_write_kv
+from data_plane.models.triton_fused import silu_and_mul
 
 
 class RMSNorm(nn.Module):
@@ -105,6 +108,8 @@ class DecoderLayer(nn.Module):
         """(this layer's MLP output, the residual stream it is still to be added to): the next
         layer's norm, or the final one, adds the two (vLLM's convention: the add fuses into the
         norm). ``residual`` None: ``x`` is the embedding, the stream's start."""
+        if meta.paged is not None:
+            return self._forward_paged(x, residual, rope, cache_rows, layer_offset, meta)
         weights = self._int4_weights()
         if weights is not None:
             fused = decode_layer(weights, x, residual, rope, cache_rows, layer_offset, meta)
@@ -126,6 +131,32 @@ class DecoderLayer(nn.Module):
         gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
         # fp16 + bf16 would be fp32: the residual stream keeps the model's dtype
         return self.down_proj(F.silu(gate) * up).to(residual.dtype), residual
+
+    def _forward_paged(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        cache_rows: torch.Tensor,
+        layer_offset: int,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` on the Triton path: nine launches, the element-wise steps fused
+        (``triton_fused``)."""
+        n, eps = x.shape[0], self.input_layernorm.eps
+        h, residual = fused_rms_norm(x, residual, self.input_layernorm.weight, eps)
+        heads = (self.num_heads, self.num_kv_heads, self.head_dim)
+        offsets = (layer_offset, meta.block_size)
+        q = fused_rope_write_kv(self.qkv_proj(h), heads, rope, cache_rows, meta.slot_rows, offsets)
+        scale = self.head_dim**-0.5
+        attn = paged_attention(q, cache_rows, layer_offset, meta, scale, self.sliding_window)
+        h, residual = fused_rms_norm(
+            self.o_proj(attn.reshape(n, -1)), residual, self.post_attention_layernorm.weight, eps
+        )
+        if self.mlp_dtype is not None:
+            h = h.to(self.mlp_dtype)
+        mlp = self.down_proj(silu_and_mul(self.gate_up_proj(h)))
+        return mlp.to(residual.dtype), residual
 
     def _int4_weights(self) -> LayerWeights | None:
         """This layer's weights for the fused CPU decode kernel, where all four matmuls are
@@ -199,7 +230,10 @@ class LlamaModel(nn.Module):
             x, residual = layer(x, residual, rope, cache_rows, offset, meta)
         if residual is not None:
             x, residual = x[logits_indices], residual[logits_indices]
-            x, _ = self.norm.add_forward(x, residual)
+            if meta.paged is not None:
+                x, _ = fused_rms_norm(x, residual, self.norm.weight, self.norm.eps)
+            else:
+                x, _ = self.norm.add_forward(x, residual)
         else:
             x = self.norm(x[logits_indices])
         return self.lm_head(x).float()

@@ -216,4 +216,4 @@ def test_kernels_compile_for_hopper() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "RESULT compile_check kernels=4 async_copies=yes" in done.stdout
+    assert "RESULT compile_check kernels=7 async_copies=yes" in done.stdout
