@@ -32,7 +32,8 @@ INT64_POINTERS = {
 }
 
 
-FP32_POINTERS = {"cos_ptr", "sin_ptr"}  # the fused RoPE's tables are fp32 whatever the model
+# fp32 whatever the model: the fused RoPE's tables, split decodes' partial outputs
+FP32_POINTERS = {"cos_ptr", "sin_ptr", "partial_ptr", "lse_ptr"}
 FP32_SCALARS = {"qk_scale", "eps"}
 
 
@@ -72,10 +73,11 @@ def attention_cases() -> list[tuple[str, str, dict[str, Any]]]:
     from data_plane.models import triton_attention as ta
 
     cases = []
-    for name, pointer, group, head_dim, prefill, window in (
-        ("llama3-8b decode bf16", "*bf16", 4, 128, False, 0),
-        ("llama3-8b prefill bf16", "*bf16", 4, 128, True, 0),
-        ("stories260K prefill fp32 window", "*fp32", 2, 8, True, 24),
+    for name, pointer, group, head_dim, prefill, window, splits in (
+        ("llama3-8b decode bf16", "*bf16", 4, 128, False, 0, 1),
+        ("llama3-8b decode bf16, context in 16 splits", "*bf16", 4, 128, False, 0, 16),
+        ("llama3-8b prefill bf16", "*bf16", 4, 128, True, 0, 1),
+        ("stories260K prefill fp32 window", "*fp32", 2, 8, True, 24, 1),
     ):
         fp32 = pointer == "*fp32"
         constants = {
@@ -90,6 +92,7 @@ def attention_cases() -> list[tuple[str, str, dict[str, Any]]]:
             "SLIDING_WINDOW": window,
             "DOT_DTYPE": tl.float32 if fp32 else tl.bfloat16,
             "PRECISION": "ieee" if fp32 else "tf32",
+            "NUM_SPLITS": splits,
         }
         cases.append((name, pointer, constants))
     return cases
@@ -139,9 +142,12 @@ def main() -> int:
     write = {"NUM_KV_HEADS": 8, "HEAD_DIM": 128, "KV_HEADS_P": 8, "HEAD_DIM_P": 128}
     compile_kernel(ta._write_kv_kernel, "*bf16", write, args.arch)
     print("write_kv bf16: ok")
+    combine = {"NUM_HEADS": 32, "HEAD_DIM": 128, "HEAD_DIM_P": 128, "NUM_SPLITS": 16}
+    compile_kernel(ta._combine_splits_kernel, "*bf16", combine, args.arch)
+    print("combine_splits bf16 (16 splits): ok")
     num_fused = compile_fused(args.arch)
     copies = "yes" if async_copies else "no"
-    print(f"RESULT compile_check kernels={4 + num_fused} async_copies={copies}")
+    print(f"RESULT compile_check kernels={6 + num_fused} async_copies={copies}")
     return 0
 
 

@@ -24,7 +24,13 @@ import torch
 
 from data_plane.models.attention import AttentionMetadata, PagedInputs, TileSet
 from data_plane.models.llama import LlamaModel
-from data_plane.models.triton_attention import HostBatch, padded_tables, tile_block_q
+from data_plane.models.triton_attention import (
+    HostBatch,
+    decode_splits,
+    num_sms,
+    padded_tables,
+    tile_block_q,
+)
 
 DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 DEFAULT_MAX_GRAPH_BATCH = 256
@@ -98,6 +104,7 @@ class DecodeGraphs:
         self.block_size = block_size
         self.rows_per_block = config.num_layers * 2 * block_size
         self.block_q = tile_block_q(config.num_heads // config.num_kv_heads, prefill=False)
+        self.num_kv_heads = config.num_kv_heads
         self.sizes = capture_sizes(max_batch)
         max_blocks = -(-config.max_position_embeddings // block_size)
         self.max_blocks_per_seq = -(-max_blocks // 16) * 16  # as eager tables: 16-aligned
@@ -185,6 +192,13 @@ class DecodeGraphs:
             decode_tiles=TileSet(self.tile_seq_ids[:size], self.tile_offsets[:size], self.block_q),
             prefill_tiles=None,
             rows_per_block=self.rows_per_block,
+            # from the longest context the tables hold: the graph keeps its split count
+            decode_splits=decode_splits(
+                size,
+                self.num_kv_heads,
+                self.max_blocks_per_seq * self.block_size,
+                num_sms(self.device),
+            ),
         )
         meta = AttentionMetadata(
             slot_rows=self.vectors[_SLOTS, :size],

@@ -106,7 +106,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.attention_backend = resolve_attention_backend(attention_backend, self.device)
         self.rows_per_block = self.num_layers * 2 * block_size
-        self.group_size = model.config.num_heads // model.config.num_kv_heads
+        self.heads = (model.config.num_heads, model.config.num_kv_heads)
         self.graphs: DecodeGraphs | None = None
         if resolve_cuda_graphs(cuda_graphs, self.device, self.attention_backend):
             self.graphs = DecodeGraphs(model, block_size, max_graph_batch, self.device)
@@ -143,7 +143,7 @@ class ModelRunner:
         if self.graphs is not None and not prompt_rows.spans and self.graphs.supports(batch):
             return self.graphs.run(batch, kv_cache), sample_items
         input_ids, positions, meta, logits_index = paged_metadata(
-            batch, self.block_size, self.rows_per_block, self.group_size, self.device
+            batch, self.block_size, self.rows_per_block, self.heads, self.device
         )
         return self.model(input_ids, positions, kv_cache, meta, logits_index), sample_items
 

@@ -33,6 +33,7 @@ class PagedInputs:
     decode_tiles: TileSet | None
     prefill_tiles: TileSet | None
     rows_per_block: int  # num_layers * 2 * block_size
+    decode_splits: int = 1  # context splits per decode (flash-decoding), a power of two
 
 
 @dataclass(slots=True)

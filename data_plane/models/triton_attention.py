@@ -1,16 +1,20 @@
 """Paged attention over the block-first KV layout in Triton (the GPU path).
 
-Two kernels read and write the cache ``(num_blocks, num_layers, 2, block_size, kv_heads,
+The kernels read and write the cache ``(num_blocks, num_layers, 2, block_size, kv_heads,
 head_dim)`` in place, through each sequence's block table (no gather of the context):
 
 - ``_write_kv_kernel``: one program per new token stores its K and V rows; a negative slot row
-  (a padded row of a CUDA-graph batch) writes nothing.
-- ``_attention_kernel``: one program per (query tile, KV head). A tile is up to ``BLOCK_Q``
+  (a padded row of a CUDA-graph batch) writes nothing. (The model writes K/V with the fused
+  RoPE kernel of ``triton_fused``; this one serves callers with K and V already rotated.)
+- ``_attention_kernel``: one program per (query tile, KV head, context split). A tile is up to ``BLOCK_Q``
   consecutive queries of one sequence times the query heads of one KV group (GQA), so a decode
   (one query) and a prefill chunk (causal over its own tokens and everything cached before it)
   are the same code. It walks the context in tiles of ``BLOCK_N`` tokens, mapping position
   ``p`` to row ``table[p // block_size] * rows_per_block + layer_offset + p % block_size``
-  (int64 addresses), with an online softmax in fp32.
+  (int64 addresses), with an online softmax in fp32. Decodes whose programs would leave SMs
+  idle (low batch, long context) split the context (flash-decoding, ``decode_splits``): each
+  split writes its normalised output and log2-sum-exp, and ``_combine_splits_kernel`` merges
+  them per (decode, head).
 
 Kernels are compiled lazily on first use, so whether Triton runs them compiled (CUDA) or in its
 interpreter (``TRITON_INTERPRET=1``, CPU tensors; the tests) is decided when they are first
@@ -39,6 +43,8 @@ tl: Any = None
 DECODE_TILE_ROWS = 16  # rows (queries x heads of a group) of a decode tile: tl.dot's minimum
 PREFILL_TILE_ROWS = 64
 DECODE_BLOCK_N = 64  # context tokens per loop iteration
+MAX_DECODE_SPLITS = 16
+MIN_SPLIT_TOKENS = 256  # of the longest context, per split
 PREFILL_BLOCK_N = 32
 _LOG2E = 1.4426950408889634
 
@@ -97,6 +103,25 @@ class HostBatch:
         return max((len(t) for t in self.block_tables), default=0)
 
 
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 0 elsewhere (nothing to fill)."""
+    if device.type != "cuda":
+        return 0
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def decode_splits(num_decodes: int, num_kv_heads: int, max_context_len: int, sms: int) -> int:
+    """Context splits per decode (flash-decoding): where a program per (decode, KV head) leaves
+    SMs idle, enough splits for two programs per SM, each at least ``MIN_SPLIT_TOKENS`` of the
+    longest context; a power of two, at most ``MAX_DECODE_SPLITS``. Depends on no context but
+    the longest, so a CUDA graph captured for a batch size keeps it at every replay."""
+    programs = num_decodes * num_kv_heads
+    if programs == 0 or programs >= sms:
+        return 1
+    wanted = min(-(-2 * sms // programs), max_context_len // MIN_SPLIT_TOKENS, MAX_DECODE_SPLITS)
+    return 1 << (max(1, wanted).bit_length() - 1)
+
+
 def padded_tables(tables: list[list[int]], width: int) -> list[list[int]]:
     """Every table padded with block 0 to ``width`` columns (never read beyond its context)."""
     if any(len(t) > width for t in tables):
@@ -105,9 +130,15 @@ def padded_tables(tables: list[list[int]], width: int) -> list[list[int]]:
 
 
 def paged_metadata(
-    batch: HostBatch, block_size: int, rows_per_block: int, group_size: int, device: torch.device
+    batch: HostBatch,
+    block_size: int,
+    rows_per_block: int,
+    heads: tuple[int, int],
+    device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
-    """Device tensors of ``batch``: (input ids, positions, metadata, logits index)."""
+    """Device tensors of ``batch``: (input ids, positions, metadata, logits index). ``heads``:
+    (query heads, KV heads)."""
+    group_size = heads[0] // heads[1]
     n_dec = batch.num_decodes
     query_starts = [0]
     for num_queries in batch.query_lens:
@@ -128,6 +159,9 @@ def paged_metadata(
         decode_tiles=TileSet(longs(list(range(n_dec))), longs([0] * n_dec), decode_q),
         prefill_tiles=TileSet(longs(pre_ids), longs(pre_offsets), prefill_q),
         rows_per_block=rows_per_block,
+        decode_splits=decode_splits(
+            n_dec, heads[1], max(batch.context_lens[:n_dec], default=0), num_sms(device)
+        ),
     )
     empty = torch.zeros((0, 0), dtype=torch.long, device=device)
     meta = AttentionMetadata(
@@ -187,6 +221,8 @@ def _write_kv_kernel(
 def _attention_kernel(
     q_ptr,
     out_ptr,
+    partial_ptr,
+    lse_ptr,
     cache_ptr,
     block_tables_ptr,
     context_lens_ptr,
@@ -213,6 +249,7 @@ def _attention_kernel(
     SLIDING_WINDOW: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -244,6 +281,11 @@ def _attention_kernel(
     if SLIDING_WINDOW > 0:
         lo = tl.maximum(num_computed + q_offset - SLIDING_WINDOW + 1, 0)
         lo = (lo // BLOCK_N) * BLOCK_N
+    if NUM_SPLITS > 1:  # this program's share of the context, whole BLOCK_N tiles
+        split = tl.program_id(2)
+        per_split = tl.cdiv(tl.cdiv(hi - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        lo = lo + split * per_split
+        hi = tl.minimum(lo + per_split, hi)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], tl.float32)
@@ -277,17 +319,51 @@ def _attention_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(
-        out_ptr + token[:, None] * stride_o_tok + head[:, None] * stride_o_head + dims[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=io_mask,
-    )
+    if NUM_SPLITS > 1:  # the split's normalised output and log2-sum-exp, fp32, for the combine
+        slot = (token * (NUM_KV_HEADS * GROUP) + head) * NUM_SPLITS + tl.program_id(2)
+        tl.store(partial_ptr + slot[:, None] * HEAD_DIM_P + dims[None, :], out, mask=io_mask)
+        empty = l_i == 0.0  # a split past the context: weight 0 in the combine
+        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+        tl.store(lse_ptr + slot, lse, mask=row_valid)
+    else:
+        tl.store(
+            out_ptr + token[:, None] * stride_o_tok + head[:, None] * stride_o_head + dims[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=io_mask,
+        )
+
+
+def _combine_splits_kernel(
+    partial_ptr,
+    lse_ptr,
+    out_ptr,
+    stride_o_tok,
+    stride_o_head,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    splits = tl.arange(0, NUM_SPLITS)
+    dims = tl.arange(0, HEAD_DIM_P)
+    slot = (token * NUM_HEADS + head) * NUM_SPLITS + splits
+    lse = tl.load(lse_ptr + slot)
+    top = tl.max(lse, 0)
+    weight = tl.exp2(lse - tl.where(top == float("-inf"), 0.0, top))  # 0 for empty splits
+    part = tl.load(partial_ptr + slot[:, None] * HEAD_DIM_P + dims[None, :])
+    total = tl.sum(weight, 0)
+    out = tl.sum(weight[:, None] * part, 0) / tl.where(total == 0.0, 1.0, total)
+    dst = out_ptr + token * stride_o_tok + head * stride_o_head + dims
+    tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
 @dataclass(frozen=True, slots=True)
 class _Kernels:
     write_kv: Any
     attention: Any
+    combine_splits: Any
     dtypes: dict[torch.dtype, Any]  # torch dtype -> triton dtype
 
 
@@ -299,7 +375,12 @@ def _kernels() -> _Kernels:
     triton = importlib.import_module("triton")
     tl = importlib.import_module("triton.language")
     dtypes = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-    return _Kernels(triton.jit(_write_kv_kernel), triton.jit(_attention_kernel), dtypes)
+    return _Kernels(
+        triton.jit(_write_kv_kernel),
+        triton.jit(_attention_kernel),
+        triton.jit(_combine_splits_kernel),
+        dtypes,
+    )
 
 
 # ---- launches ----------------------------------------------------------------------------
@@ -352,13 +433,13 @@ def paged_attention_triton(
     q = _last_dim_contiguous(q)
     out = torch.empty_like(q)
     window = sliding_window or 0
-    for tiles, block_n in (
-        (paged.decode_tiles, DECODE_BLOCK_N),
-        (paged.prefill_tiles, PREFILL_BLOCK_N),
+    for tiles, block_n, splits in (
+        (paged.decode_tiles, DECODE_BLOCK_N, paged.decode_splits),
+        (paged.prefill_tiles, PREFILL_BLOCK_N, 1),
     ):
         if tiles is not None and tiles.num_tiles:
             _launch_attention(
-                q, out, cache_rows, layer_offset, meta, paged, tiles, scale, window, block_n
+                q, out, cache_rows, layer_offset, meta, paged, tiles, scale, window, block_n, splits
             )
     return out
 
@@ -374,6 +455,7 @@ def _launch_attention(
     scale: float,
     sliding_window: int,
     block_n: int,
+    num_splits: int,
 ) -> None:
     _, num_heads, head_dim = q.shape
     num_kv_heads = cache_rows.shape[1]
@@ -382,9 +464,17 @@ def _launch_attention(
     kernels = _kernels()
     # the interpreter's dot is wrong for bf16 operands: it multiplies in fp32 instead
     dot_dtype = kernels.dtypes[torch.float32 if interpreter_enabled() else compute_dtype]
-    kernels.attention[(tiles.num_tiles, num_kv_heads)](
+    head_dim_p = max(16, _next_pow2(head_dim))
+    partial, lse = out, out  # not read unless the context is split
+    if num_splits > 1:
+        slots = tiles.num_tiles * num_heads * num_splits  # decode tile i is token i
+        partial = torch.empty(slots * head_dim_p, dtype=torch.float32, device=q.device)
+        lse = torch.empty(slots, dtype=torch.float32, device=q.device)
+    kernels.attention[(tiles.num_tiles, num_kv_heads, num_splits)](
         q,
         out,
+        partial,
+        lse,
         cache_rows,
         paged.block_tables,
         paged.context_lens,
@@ -404,16 +494,30 @@ def _launch_attention(
         GROUP=group,
         GROUP_P=_next_pow2(group),
         HEAD_DIM=head_dim,
-        HEAD_DIM_P=max(16, _next_pow2(head_dim)),
+        HEAD_DIM_P=head_dim_p,
         KV_ALIGN=head_dim & -head_dim,
         BLOCK_Q=tiles.block_q,
         BLOCK_N=block_n,
         SLIDING_WINDOW=sliding_window,
         DOT_DTYPE=dot_dtype,
         PRECISION="ieee" if compute_dtype == torch.float32 else "tf32",
+        NUM_SPLITS=num_splits,
         num_warps=4,
         num_stages=2,
     )
+    if num_splits > 1:
+        kernels.combine_splits[(tiles.num_tiles, num_heads)](
+            partial,
+            lse,
+            out,
+            out.stride(0),
+            out.stride(1),
+            NUM_HEADS=num_heads,
+            HEAD_DIM=head_dim,
+            HEAD_DIM_P=head_dim_p,
+            NUM_SPLITS=num_splits,
+            num_warps=4,
+        )
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:

@@ -140,9 +140,9 @@ def _decode_step(model: Any, counting: Callable[[Counter[str]], Any]) -> Counter
     batch = HostBatch(
         [1] * n, [c - 1 for c in CONTEXTS], slots, [1] * n, CONTEXTS, tables, n, list(range(n))
     )
-    group = config.num_heads // config.num_kv_heads
+    heads = (config.num_heads, config.num_kv_heads)
     ids, positions, meta, logits_index = paged_metadata(
-        batch, BLOCK_SIZE, rows_per_block, group, torch.device(DEVICE)
+        batch, BLOCK_SIZE, rows_per_block, heads, torch.device(DEVICE)
     )
     cache = torch.zeros(
         (16, config.num_layers, 2, BLOCK_SIZE, config.num_kv_heads, config.head_dim),

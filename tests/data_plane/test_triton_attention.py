@@ -37,7 +37,9 @@ from data_plane.models.attention import paged_attention, write_kv  # noqa: E402
 from data_plane.models.config import ModelConfig  # noqa: E402
 from data_plane.models.llama import LlamaModel  # noqa: E402
 from data_plane.models.triton_attention import (  # noqa: E402
+    HostBatch,
     build_tiles,
+    decode_splits,
     paged_metadata,
     tile_block_q,
 )
@@ -87,7 +89,7 @@ def _case(block_size: int, heads: tuple[int, int], head_dim: int, dtype: torch.d
     _, _, ref_meta, _, _ = runner._prepare(items, PromptRows([], []))
     batch, _ = runner.host_batch(items)
     _, _, tri_meta, _ = paged_metadata(
-        batch, block_size, runner.rows_per_block, heads[0] // heads[1], torch.device(DEVICE)
+        batch, block_size, runner.rows_per_block, heads, torch.device(DEVICE)
     )
     shape = (num_blocks, NUM_LAYERS, 2, block_size, heads[1], head_dim)
     cache = torch.randn(shape, generator=generator).to(dtype)
@@ -216,4 +218,87 @@ def test_kernels_compile_for_hopper() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "RESULT compile_check kernels=7 async_copies=yes" in done.stdout
+    assert "RESULT compile_check kernels=9 async_copies=yes" in done.stdout
+
+
+def _dense_decode(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    tables: list[list[int]],
+    contexts: list[int],
+    layer: int,
+    window: int | None,
+) -> torch.Tensor:
+    """Each decode's attention over its whole context, gathered densely in fp64 (the
+    reference for split contexts)."""
+    num_kv_heads = cache.shape[4]
+    group = q.shape[1] // num_kv_heads
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for i, (table, n) in enumerate(zip(tables, contexts, strict=True)):
+        if n == 0:  # an empty context attends to nothing
+            out[i] = 0
+            continue
+        blocks = cache[torch.tensor(table), layer].double()  # [blocks, 2, bs, kvh, d]
+        k = blocks[:, 0].reshape(-1, num_kv_heads, q.shape[2])[:n]
+        v = blocks[:, 1].reshape(-1, num_kv_heads, q.shape[2])[:n]
+        first = 0 if window is None else max(0, n - window)
+        k, v = k[first:].repeat_interleave(group, 1), v[first:].repeat_interleave(group, 1)
+        scores = torch.einsum("hd,thd->ht", q[i].double(), k) * q.shape[2] ** -0.5
+        out[i] = torch.einsum("ht,thd->hd", scores.softmax(-1), v)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("splits", "window", "dtype"),
+    [
+        (1, None, torch.float32),
+        (2, None, torch.float32),
+        (4, 100, torch.float32),
+        (16, None, torch.bfloat16),
+    ],
+)
+def test_split_context_decode_matches_dense(
+    splits: int, window: int | None, dtype: torch.dtype
+) -> None:
+    """Flash-decoding: each decode's context split over programs, combined by log-sum-exp;
+    16 splits leave some empty (short contexts, a zero-length padded row)."""
+    block_size, heads, head_dim, num_layers = 16, (8, 2), 32, 2
+    contexts = [700, 65, 1, 300, 0]
+    generator = torch.Generator().manual_seed(splits)
+    num_blocks = sum(-(-n // block_size) for n in contexts) + 2
+    free = torch.randperm(num_blocks, generator=generator).tolist()
+    tables = [[free.pop() for _ in range(-(-n // block_size))] for n in contexts]
+    rows_per_block = num_layers * 2 * block_size
+    n = len(contexts)
+    batch = HostBatch(
+        [0] * n,
+        [max(c - 1, 0) for c in contexts],
+        [-1] * n,
+        [1] * n,
+        contexts,
+        tables,
+        n,
+        list(range(n)),
+    )
+    _, _, meta, _ = paged_metadata(batch, block_size, rows_per_block, heads, torch.device(DEVICE))
+    assert meta.paged is not None
+    meta.paged.decode_splits = splits
+    cache = torch.randn(
+        (num_blocks, num_layers, 2, block_size, heads[1], head_dim), generator=generator
+    ).to(dtype)
+    q = torch.randn((n, heads[0], head_dim), generator=generator).to(dtype)
+    got = paged_attention(
+        q.to(DEVICE), _rows(cache.to(DEVICE)), 2 * block_size, meta, head_dim**-0.5, window
+    )
+    expected = _dense_decode(q, cache, tables, contexts, 1, window)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.cpu().double(), expected, rtol=tol, atol=tol)
+
+
+def test_split_count_fills_the_sms_and_keeps_long_splits() -> None:
+    assert decode_splits(64, 8, 1024, 132) == 1  # 512 programs already fill 132 SMs
+    assert decode_splits(1, 8, 4096, 132) == 16  # 8 programs: up to two per SM
+    assert decode_splits(1, 8, 600, 132) == 2  # splits of >= 256 tokens
+    assert decode_splits(4, 8, 8192, 132) == 8  # 32 programs x 8 = 256 >= 2 x 132
+    assert decode_splits(1, 8, 4096, 0) == 1  # no SMs to fill (the interpreter)
+    assert decode_splits(0, 8, 4096, 132) == 1
