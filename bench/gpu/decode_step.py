@@ -85,7 +85,7 @@ def ours_steps(
     triton_runner = ModelRunner(model, BLOCK_SIZE, device, attention_backend="triton")
     host, _ = triton_runner.host_batch(items)
     paged = paged_metadata(
-        host, BLOCK_SIZE, triton_runner.rows_per_block, triton_runner.heads, kv.device
+        host, BLOCK_SIZE, triton_runner.rows_per_block, triton_runner.heads, triton_runner.staging
     )
     graphs = triton_runner.graphs or DecodeGraphs(
         model, BLOCK_SIZE, batch, torch.device(device), capture=False

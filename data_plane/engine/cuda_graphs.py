@@ -6,9 +6,11 @@ has token 0 at position 0, slot row -1 (the Triton write kernel stores nothing f
 context length 0 (attention reads nothing and returns zeros); its logits are dropped. Every
 graph reads static device buffers (slices of the largest bucket's): token ids, positions, slot
 rows, context lengths and block tables (as wide as the model's longest context), refilled
-before each replay, so the block tables and positions are the graph's inputs. Graphs are
-captured on first use of a bucket (or all at once by :meth:`DecodeGraphs.capture_all`), largest
-first sharing one memory pool. Prefill chunks and mixed batches run eagerly.
+before each replay, so the block tables and positions are the graph's inputs, and writes its
+logits into rows of one shared output buffer. The engine captures every bucket up to
+``max_num_seqs`` when it is built (:meth:`DecodeGraphs.capture_all`, largest first, sharing one
+memory pool; the KV sizing counts them, ``graph_memory_bytes``); a bucket not captured yet is
+captured on first use. Prefill chunks and mixed batches run eagerly.
 
 The bucketing and padding are pure functions (tested on CPU); ``capture=False`` runs the same
 static-buffer path eagerly (the CPU tests, under Triton's interpreter).
@@ -20,20 +22,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from data_plane.models.attention import AttentionMetadata, PagedInputs, TileSet
+from data_plane.models.config import ModelConfig
 from data_plane.models.llama import LlamaModel
+from data_plane.models.staging import HostStaging, padded_table_array
 from data_plane.models.triton_attention import (
     HostBatch,
     decode_splits,
     num_sms,
-    padded_tables,
     tile_block_q,
 )
 
-DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
-DEFAULT_MAX_GRAPH_BATCH = 256
+DEFAULT_CAPTURE_SIZES = (
+    *(1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256),
+    *(320, 384, 448, 512),
+)
+# Larger decode batches run eagerly: their step is long enough that launches do not matter
+DEFAULT_MAX_GRAPH_BATCH = 512
 _WARMUP_RUNS = 2  # eager runs before a capture (Triton compiles, cuBLAS picks its kernels)
 _IDS, _POSITIONS, _SLOTS, _CONTEXT = range(4)  # rows of the static vector buffer
 
@@ -45,6 +53,17 @@ def capture_sizes(
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     return tuple(sorted({s for s in candidates if 0 < s < max_batch} | {max_batch}))
+
+
+def graph_memory_bytes(config: ModelConfig, max_batch: int) -> int:
+    """Device memory the captured graphs hold beyond the weights and the KV pool: the shared
+    logits buffer and the private pool of the largest bucket's forward (its activations and
+    its logits in the model's dtype and in fp32); an estimate from the model's shapes."""
+    element = torch.tensor([], dtype=config.dtype).element_size()
+    q_kv = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+    activations = (4 * config.hidden_size + q_kv + 3 * config.intermediate_size) * element
+    logits = config.vocab_size * (element + 4)
+    return max_batch * (activations + logits + config.vocab_size * 4)
 
 
 def bucket_for(num_seqs: int, sizes: Sequence[int]) -> int | None:
@@ -105,6 +124,8 @@ class DecodeGraphs:
         self.rows_per_block = config.num_layers * 2 * block_size
         self.block_q = tile_block_q(config.num_heads // config.num_kv_heads, prefill=False)
         self.num_kv_heads = config.num_kv_heads
+        self.vocab_size = config.vocab_size
+        self.logits: torch.Tensor | None = None  # every graph's output rows, made at capture
         self.sizes = capture_sizes(max_batch)
         max_blocks = -(-config.max_position_embeddings // block_size)
         self.max_blocks_per_seq = -(-max_blocks // 16) * 16  # as eager tables: 16-aligned
@@ -119,6 +140,9 @@ class DecodeGraphs:
         self.tile_offsets = self._longs(largest)
         self.logits_index = torch.arange(largest, dtype=torch.long, device=device)
         self._no_rows = self._longs(0, 0)
+        self._staging = HostStaging(
+            device, capacity=4 * largest + largest * self.max_blocks_per_seq
+        )
         self._graphs: dict[int, _Captured] = {}
         self._pool: Any = None
         self._cache_ptr: int | None = None
@@ -173,13 +197,15 @@ class DecodeGraphs:
             self._cache_ptr = kv_cache.data_ptr()
 
     def _load(self, padded: HostBatch) -> None:
+        """The batch into the static input buffers: non-blocking copies from pinned memory."""
         size = padded.num_seqs
         columns = [padded.input_ids, padded.positions, padded.slot_rows, padded.context_lens]
-        self.vectors[:, :size].copy_(torch.tensor(columns, dtype=torch.long))
+        pairs = [(self.vectors[:, :size], np.asarray(columns, dtype=np.int64))]
         width = padded.table_width
         if width:
-            tables = torch.tensor(padded_tables(padded.block_tables, width), dtype=torch.long)
-            self.block_tables[:size, :width].copy_(tables)
+            tables = padded_table_array(padded.block_tables, width)
+            pairs.append((self.block_tables[:size, :width], tables))
+        self._staging.copy_into(pairs)
 
     def _inputs(
         self, size: int, kv_cache: torch.Tensor
@@ -228,7 +254,13 @@ class DecodeGraphs:
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: the host pool's pinner thread may call cudaHostRegister meanwhile
+        if self.logits is None:
+            self.logits = torch.empty(
+                (self.sizes[-1], self.vocab_size), dtype=torch.float32, device=self.device
+            )
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            logits = self.model(*args)
+            # into the one output buffer: the forward's own logits die with the capture, so
+            # the pool's memory is reused by the next capture instead of held per size
+            self.logits[:size].copy_(self.model(*args))
         self._pool = graph.pool()
-        return _Captured(graph, logits)
+        return _Captured(graph, self.logits[:size])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ import structlog
 import torch
 
 from data_plane.engine.config import EngineConfig
+from data_plane.engine.cuda_graphs import DEFAULT_MAX_GRAPH_BATCH
 from data_plane.engine.engine import Engine, Planner
 from data_plane.engine.executor import ModelExecutor
 from data_plane.engine.model_runner import ModelRunner
@@ -70,7 +72,12 @@ def build_engine(
         model_cfg.head_dim,
         model_cfg.dtype,
     )
-    runner = ModelRunner(loaded.model, config.block_size, config.device)
+    runner = ModelRunner(
+        loaded.model,
+        config.block_size,
+        config.device,
+        max_graph_batch=min(config.max_num_seqs, DEFAULT_MAX_GRAPH_BATCH),
+    )
     num_blocks, how = size_hbm_pool(config, geometry, runner, model_cfg.vocab_size)
     max_model_len = validate_max_model_len(
         config.max_model_len, model_cfg.max_position_embeddings, num_blocks, config.block_size
@@ -83,6 +90,7 @@ def build_engine(
         decided_by=how,
     )
     kv_tensor = geometry.allocate(num_blocks, config.device)
+    capture_graphs(runner, kv_tensor)
     kv = build_kv_manager(geometry, kv_tensor, config, knobs)
     return Engine(
         executor=ModelExecutor(runner, kv_tensor),
@@ -98,6 +106,22 @@ def build_engine(
         columnar=serving is not None,  # the worker's planner works on columns
         keep_columns=serving is not None,  # the wire snapshot, from the queues' columns
         grammars=Grammars(loaded.tokenizer, model_cfg.vocab_size, model_cfg.eos_token_ids),
+    )
+
+
+def capture_graphs(runner: ModelRunner, kv_tensor: torch.Tensor) -> None:
+    """Every decode graph captured before the engine serves (none off CUDA), logged with the
+    time and device memory it took."""
+    if runner.graphs is None:
+        return
+    start, before = time.perf_counter(), torch.cuda.memory_reserved(runner.device)
+    num_captured = runner.capture_graphs(kv_tensor)
+    log.info(
+        "cuda_graphs_captured",
+        num_graphs=num_captured,
+        largest_batch=runner.graphs.sizes[-1],
+        seconds=round(time.perf_counter() - start, 2),
+        reserved_gib=round((torch.cuda.memory_reserved(runner.device) - before) / 2**30, 3),
     )
 
 
@@ -117,7 +141,13 @@ def build_kv_manager(
     else:  # pin in chunks in the background; serve with what is pinned so far
         dram = allocate_host_pool(num_dram, geometry.block_shape, geometry.dtype)
         chunk_blocks = max(1, geometry.blocks_in(config.pin_chunk_gib))
-        pinner = ChunkedPinner(dram, chunk_blocks, cuda_host_register, cuda_host_unregister)
+        device = hbm.device.index  # the pinner thread and finalizer run on the worker's GPU
+        pinner = ChunkedPinner(
+            dram,
+            chunk_blocks,
+            functools.partial(cuda_host_register, device=device),
+            functools.partial(cuda_host_unregister, device=device),
+        )
         num_ready = pinner.pin_first_chunk()
         pinner.start()
     transfer = make_transfer_engine(config.transfer_backend, hbm, dram)

@@ -25,6 +25,7 @@ from data_plane.engine.sampling import SamplingRow
 from data_plane.engine.structured import mask_logits
 from data_plane.models.attention import AttentionMetadata
 from data_plane.models.llama import LlamaModel
+from data_plane.models.staging import HostStaging
 from data_plane.models.triton_attention import (
     HostBatch,
     interpreter_enabled,
@@ -107,9 +108,17 @@ class ModelRunner:
         self.attention_backend = resolve_attention_backend(attention_backend, self.device)
         self.rows_per_block = self.num_layers * 2 * block_size
         self.heads = (model.config.num_heads, model.config.num_kv_heads)
+        self.staging = HostStaging(self.device)  # the Triton path's step inputs
         self.graphs: DecodeGraphs | None = None
         if resolve_cuda_graphs(cuda_graphs, self.device, self.attention_backend):
             self.graphs = DecodeGraphs(model, block_size, max_graph_batch, self.device)
+
+    def capture_graphs(self, kv_cache: torch.Tensor) -> int:
+        """Capture a decode graph for every batch size now (before serving); how many."""
+        if self.graphs is None:
+            return 0
+        self.graphs.capture_all(kv_cache)
+        return self.graphs.num_captured
 
     def execute(self, items: list[BatchItem], kv_cache: torch.Tensor) -> Sampled:
         """Run one iteration: the sampled token of every request whose chunk reached the end
@@ -143,7 +152,7 @@ class ModelRunner:
         if self.graphs is not None and not prompt_rows.spans and self.graphs.supports(batch):
             return self.graphs.run(batch, kv_cache), sample_items
         input_ids, positions, meta, logits_index = paged_metadata(
-            batch, self.block_size, self.rows_per_block, self.heads, self.device
+            batch, self.block_size, self.rows_per_block, self.heads, self.staging
         )
         return self.model(input_ids, positions, kv_cache, meta, logits_index), sample_items
 

@@ -1,6 +1,7 @@
 """How many KV blocks the HBM pool gets and the longest context it serves, with vLLM's meaning
 of the flags: ``--gpu-memory-utilization`` is the fraction of the device's memory the whole
-worker may use (weights, the activation peak of a full batch, then the KV pool), and
+worker may use (weights, the activation peak of a full batch, the CUDA context and the decode
+graphs, then the KV pool), and
 ``--max-model-len`` must fit in the pool (a clear error, never a silent cap).
 
 Precedence: ``num_hbm_blocks`` > ``hbm_kv_gib`` > ``gpu_memory_utilization`` > the device's
@@ -17,6 +18,7 @@ import structlog
 import torch
 
 from data_plane.engine.config import EngineConfig
+from data_plane.engine.cuda_graphs import graph_memory_bytes
 from data_plane.engine.executor import BatchItem
 from data_plane.engine.model_runner import ModelRunner
 from data_plane.engine.request import Request
@@ -75,6 +77,22 @@ def activation_peak_bytes(runner: ModelRunner, config: EngineConfig, vocab_size:
     return int(torch.cuda.max_memory_allocated(runner.device) - before)
 
 
+def outside_torch_bytes(device: torch.device) -> int:
+    """Device memory in use that torch's allocator does not hold (the CUDA context, library
+    workspaces); 0 off CUDA."""
+    if device.type != "cuda":
+        return 0
+    free, total = torch.cuda.mem_get_info(device)
+    return max(0, int(total - free) - int(torch.cuda.memory_reserved(device)))
+
+
+def graphs_bytes(runner: ModelRunner) -> int:
+    """What the runner's decode graphs will hold once captured (0 without graphs)."""
+    if runner.graphs is None:
+        return 0
+    return graph_memory_bytes(runner.model.config, runner.graphs.sizes[-1])
+
+
 def profile_forward(runner: ModelRunner, block_size: int, num_tokens: int, vocab: int) -> None:
     """One prefill of ``num_tokens`` tokens into a scratch KV tensor (freed on return)."""
     cfg = runner.model.config
@@ -102,6 +120,7 @@ def size_hbm_pool(
     utilization = utilization or DEFAULT_GPU_MEMORY_UTILIZATION
     total = device_total_bytes(runner.device)
     used = weights_bytes(runner.model) + activation_peak_bytes(runner, config, vocab_size)
+    used += outside_torch_bytes(runner.device) + graphs_bytes(runner)
     free = int(total * utilization) - used
     if free < geometry.block_bytes:
         raise KVSizingError(
@@ -112,7 +131,7 @@ def size_hbm_pool(
         )
     how = (
         f"gpu_memory_utilization={utilization}: {total / 2**30:.1f} GiB x {utilization} - "
-        f"{used / 2**30:.2f} GiB weights and activations"
+        f"{used / 2**30:.2f} GiB weights, activations, CUDA graphs and context"
     )
     return free // geometry.block_bytes, how
 

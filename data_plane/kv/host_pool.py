@@ -13,6 +13,7 @@ import mmap
 import threading
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -20,18 +21,29 @@ Register = Callable[[int, int], None]  # (pointer, nbytes) -> None; raises on fa
 Unregister = Callable[[int], None]
 
 
-def cuda_host_register(pointer: int, nbytes: int) -> None:
+def _set_device(runtime: Any, device: int | None) -> None:
+    """Make ``device`` current on the calling thread (a new thread starts on device 0, and a
+    CUDA call there would create a context on the wrong GPU)."""
+    if device is not None:
+        (err,) = runtime.cudaSetDevice(device)
+        if err != runtime.cudaError_t.cudaSuccess:
+            raise RuntimeError(f"cudaSetDevice({device}) failed: {err.name}")
+
+
+def cuda_host_register(pointer: int, nbytes: int, device: int | None = None) -> None:
     from cuda.bindings import runtime
 
+    _set_device(runtime, device)
     (err,) = runtime.cudaHostRegister(pointer, nbytes, runtime.cudaHostRegisterDefault)
     if err != runtime.cudaError_t.cudaSuccess:
         runtime.cudaGetLastError()  # do not leave the error for the next torch call
         raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed: {err.name}")
 
 
-def cuda_host_unregister(pointer: int) -> None:
+def cuda_host_unregister(pointer: int, device: int | None = None) -> None:
     from cuda.bindings import runtime
 
+    _set_device(runtime, device)
     (err,) = runtime.cudaHostUnregister(pointer)
     if err != runtime.cudaError_t.cudaSuccess:
         runtime.cudaGetLastError()

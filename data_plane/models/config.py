@@ -106,7 +106,7 @@ class ModelConfig:
             sliding_window=int(window) if window else None,
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_eos_ids(raw.get("eos_token_id")),
-            dtype=dtype or _dtype_of(raw),
+            dtype=dtype or stored_dtype(raw),
         )
 
 
@@ -144,11 +144,20 @@ def _eos_ids(value: Any) -> tuple[int, ...]:
     return (int(value),)
 
 
-def _dtype_of(raw: dict[str, Any]) -> torch.dtype:
+def stored_dtype(raw: dict[str, Any]) -> torch.dtype:
+    """The float type an HF ``config.json`` says its weights are stored in (float32 if none)."""
     name = raw.get("torch_dtype") or raw.get("dtype") or "float32"
     if name not in DTYPES:
         raise ModelConfigError(f"config field 'torch_dtype': unsupported dtype {name!r}")
     return DTYPES[name]
+
+
+def serving_dtype(stored: torch.dtype, device: str) -> torch.dtype:
+    """``--dtype auto``: the checkpoint's own float type, except that float32 (or a quantized
+    file dequantized) serves in bfloat16 on CUDA, where float32 would halve the bandwidth."""
+    if stored == torch.float32 and torch.device(device).type == "cuda":
+        return torch.bfloat16
+    return stored
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:

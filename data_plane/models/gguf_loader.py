@@ -9,7 +9,8 @@ With ``quantize`` (the CPU default), layers whose weights are quantized in the f
 quantized in memory (``gguf_quant``); otherwise every weight is dequantized to ``dtype``.
 
 Default dtype (``dtype=None``): the file's own float type when most of its weight elements are
-F16 or BF16; float32 otherwise (F32 and quantized files: dequantized values are exact in fp32).
+F16 or BF16; float32 otherwise (F32 and quantized files: dequantized values are exact in fp32),
+except on CUDA, where float32 serves as bfloat16 (``serving_dtype``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from data_plane.models.config import ModelConfig, ModelConfigError
+from data_plane.models.config import ModelConfig, ModelConfigError, serving_dtype
 from data_plane.models.gguf_quant import is_quantized, quantize_model
 from data_plane.models.llama import LlamaModel, empty_model
 from data_plane.models.loaded import LoadedModel
@@ -70,7 +71,7 @@ def load_gguf(
     permute_qk = _file_architecture(reader) == "llama"
     _check_tensor_types(reader)
     tensors = {tensor.name: tensor for tensor in reader.tensors}
-    config = gguf_config(reader, tensors, dtype or _default_dtype(reader))
+    config = gguf_config(reader, tensors, dtype or serving_dtype(_default_dtype(reader), device))
     try:
         bundle = bundle_from_reader(reader, path.stem)
     except TokenizerNotFoundError as exc:

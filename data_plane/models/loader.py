@@ -11,7 +11,13 @@ from typing import Any, cast
 import torch
 from safetensors import SafetensorError, safe_open
 
-from data_plane.models.config import DTYPES, ModelConfig, ModelConfigError
+from data_plane.models.config import (
+    DTYPES,
+    ModelConfig,
+    ModelConfigError,
+    serving_dtype,
+    stored_dtype,
+)
 from data_plane.models.gguf_loader import load_gguf
 from data_plane.models.llama import DecoderLayer, LlamaModel, empty_model
 from data_plane.models.loaded import LoadedModel
@@ -134,7 +140,7 @@ def _load_hf_dir(directory: Path, dtype: torch.dtype | None, device: str = "cpu"
         raw = json.loads(config_path.read_text())
     except json.JSONDecodeError as exc:
         raise ModelConfigError(f"{config_path} is not valid JSON: {exc}") from exc
-    config = ModelConfig.from_hf(raw, dtype)
+    config = ModelConfig.from_hf(raw, dtype or serving_dtype(stored_dtype(raw), device))
     shards = _shard_keys(directory)
     model = empty_model(config, device)
     _load_hf_state(model, shards, config)

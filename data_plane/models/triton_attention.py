@@ -6,11 +6,11 @@ head_dim)`` in place, through each sequence's block table (no gather of the cont
 - ``_write_kv_kernel``: one program per new token stores its K and V rows; a negative slot row
   (a padded row of a CUDA-graph batch) writes nothing. (The model writes K/V with the fused
   RoPE kernel of ``triton_fused``; this one serves callers with K and V already rotated.)
-- ``_attention_kernel``: one program per (query tile, KV head, context split). A tile is up to ``BLOCK_Q``
-  consecutive queries of one sequence times the query heads of one KV group (GQA), so a decode
-  (one query) and a prefill chunk (causal over its own tokens and everything cached before it)
-  are the same code. It walks the context in tiles of ``BLOCK_N`` tokens, mapping position
-  ``p`` to row ``table[p // block_size] * rows_per_block + layer_offset + p % block_size``
+- ``_attention_kernel``: one program per (query tile, KV head, context split). A tile is up to
+  ``BLOCK_Q`` consecutive queries of one sequence times the query heads of one KV group (GQA),
+  so a decode (one query) and a prefill chunk (causal over its own tokens and everything cached
+  before it) are the same code. It walks the context in tiles of ``BLOCK_N`` tokens, mapping
+  position ``p`` to row ``table[p // block_size] * rows_per_block + layer_offset + p % block_size``
   (int64 addresses), with an online softmax in fp32. Decodes whose programs would leave SMs
   idle (low batch, long context) split the context (flash-decoding, ``decode_splits``): each
   split writes its normalised output and log2-sum-exp, and ``_combine_splits_kernel`` merges
@@ -31,9 +31,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from data_plane.models.attention_metadata import AttentionMetadata, PagedInputs, TileSet
+from data_plane.models.staging import HostStaging, padded_table_array
 
 # triton is optional (the CPU path never needs it) and imported on the first launch: its own
 # library functions are bound to the interpreter or the compiler when it is imported, so
@@ -122,52 +124,65 @@ def decode_splits(num_decodes: int, num_kv_heads: int, max_context_len: int, sms
     return 1 << (max(1, wanted).bit_length() - 1)
 
 
-def padded_tables(tables: list[list[int]], width: int) -> list[list[int]]:
-    """Every table padded with block 0 to ``width`` columns (never read beyond its context)."""
-    if any(len(t) > width for t in tables):
-        raise ValueError(f"a block table is wider than {width} columns")
-    return [t + [0] * (width - len(t)) for t in tables]
-
-
 def paged_metadata(
     batch: HostBatch,
     block_size: int,
     rows_per_block: int,
     heads: tuple[int, int],
-    device: torch.device,
+    staging: HostStaging,
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
-    """Device tensors of ``batch``: (input ids, positions, metadata, logits index). ``heads``:
-    (query heads, KV heads)."""
+    """Device tensors of ``batch`` on ``staging``'s device, moved by one non-blocking copy:
+    (input ids, positions, metadata, logits index). ``heads``: (query heads, KV heads)."""
     group_size = heads[0] // heads[1]
     n_dec = batch.num_decodes
-    query_starts = [0]
-    for num_queries in batch.query_lens:
-        query_starts.append(query_starts[-1] + num_queries)
+    query_starts = np.zeros(batch.num_seqs + 1, dtype=np.int64)
+    np.cumsum(batch.query_lens, out=query_starts[1:])
     decode_q = tile_block_q(group_size, prefill=False)
     prefill_q = tile_block_q(group_size, prefill=True)
     pre_ids, pre_offsets = build_tiles(batch.query_lens[n_dec:], n_dec, prefill_q)
-
-    def longs(values: list[int] | list[list[int]]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=device)
-
     width = -(-max(1, batch.table_width) // 16) * 16  # 16-aligned: one kernel specialisation
-    context_lens = longs(batch.context_lens)
+    arrays = [
+        np.asarray(values, dtype=np.int64)
+        for values in (
+            batch.input_ids,
+            batch.positions,
+            batch.slot_rows,
+            batch.context_lens,
+            batch.logits_index,
+            pre_ids,
+            pre_offsets,
+        )
+    ]
+    arrays += [query_starts, np.arange(n_dec, dtype=np.int64), np.zeros(n_dec, dtype=np.int64)]
+    arrays.append(padded_table_array(batch.block_tables, width))
+    (
+        ids,
+        positions,
+        slot_rows,
+        context_lens,
+        logits_index,
+        pre_seq,
+        pre_off,
+        starts,
+        dec_seq,
+        dec_off,
+        tables,
+    ) = staging.stage(arrays)
     paged = PagedInputs(
-        block_tables=longs(padded_tables(batch.block_tables, width)).view(batch.num_seqs, width),
+        block_tables=tables,
         context_lens=context_lens,
-        query_starts=longs(query_starts),
-        decode_tiles=TileSet(longs(list(range(n_dec))), longs([0] * n_dec), decode_q),
-        prefill_tiles=TileSet(longs(pre_ids), longs(pre_offsets), prefill_q),
+        query_starts=starts,
+        decode_tiles=TileSet(dec_seq, dec_off, decode_q),
+        prefill_tiles=TileSet(pre_seq, pre_off, prefill_q),
         rows_per_block=rows_per_block,
         decode_splits=decode_splits(
-            n_dec, heads[1], max(batch.context_lens[:n_dec], default=0), num_sms(device)
+            n_dec, heads[1], max(batch.context_lens[:n_dec], default=0), num_sms(staging.device)
         ),
     )
-    empty = torch.zeros((0, 0), dtype=torch.long, device=device)
     meta = AttentionMetadata(
-        slot_rows=longs(batch.slot_rows),
+        slot_rows=slot_rows,
         num_decodes=n_dec,
-        decode_rows=empty,
+        decode_rows=torch.empty((0, 0), dtype=torch.long, device=staging.device),
         decode_context_lens=context_lens[:n_dec],
         prefill_query_starts=[],
         prefill_query_lens=[],
@@ -176,7 +191,7 @@ def paged_metadata(
         block_size=block_size,
         paged=paged,
     )
-    return longs(batch.input_ids), longs(batch.positions), meta, longs(batch.logits_index)
+    return ids, positions, meta, logits_index
 
 
 # ---- kernels (plain functions, jitted on first use) -------------------------------------

@@ -24,6 +24,7 @@ from data_plane.engine.llm import build_engine, generate  # noqa: E402
 from data_plane.engine.model_runner import resolve_attention_backend  # noqa: E402
 from data_plane.engine.sampling import SamplingParams  # noqa: E402
 from data_plane.models import load_model  # noqa: E402
+from data_plane.models.staging import HostStaging  # noqa: E402
 from data_plane.models.triton_attention import (  # noqa: E402
     HostBatch,
     paged_metadata,
@@ -49,6 +50,7 @@ def _decodes(num: int) -> HostBatch:
 
 def test_capture_sizes_end_at_the_largest_batch() -> None:
     assert capture_sizes(256)[:5] == (1, 2, 4, 8, 16) and capture_sizes(256)[-1] == 256
+    assert capture_sizes(512)[-3:] == (384, 448, 512)
     assert capture_sizes(100)[-2:] == (96, 100)
     assert capture_sizes(1) == (1,)
     assert capture_sizes(5, candidates=(4, 2, 8)) == (2, 4, 5)
@@ -152,7 +154,10 @@ def test_replay_matches_an_eager_launch(dtype: str) -> None:
     assert torch.equal(cache, untouched)
     batch = _consistent_decodes(3, graphs.rows_per_block)
     replayed = graphs.run(batch, cache).float()
-    ids, positions, meta, index = paged_metadata(batch, 4, graphs.rows_per_block, 2, cache.device)
+    heads = (model.config.num_heads, model.config.num_kv_heads)
+    ids, positions, meta, index = paged_metadata(
+        batch, 4, graphs.rows_per_block, heads, HostStaging(cache.device)
+    )
     eager = model(ids, positions, eager_cache, meta, index).float()
     tol = 1e-4 if dtype == "float32" else 2e-2
     torch.testing.assert_close(replayed, eager, rtol=tol, atol=tol * float(eager.abs().max()))
@@ -171,4 +176,7 @@ def test_engine_on_cuda_uses_triton_and_graphs() -> None:
     )
     runner = engine.executor.runner  # type: ignore[attr-defined]
     assert runner.attention_backend == "triton" and runner.graphs is not None
+    # every batch size up to max_num_seqs captured when the engine was built
+    assert runner.graphs.num_captured == len(runner.graphs.sizes)
+    assert runner.graphs.sizes[-1] == engine.max_num_seqs
     engine.close()

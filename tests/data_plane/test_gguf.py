@@ -23,7 +23,7 @@ from data_plane.engine.config import EngineConfig  # noqa: E402
 from data_plane.engine.llm import build_engine, generate  # noqa: E402
 from data_plane.engine.sampling import SamplingParams, SamplingRow  # noqa: E402
 from data_plane.models import load_model  # noqa: E402
-from data_plane.models.config import ModelConfigError  # noqa: E402
+from data_plane.models.config import ModelConfigError, serving_dtype, stored_dtype  # noqa: E402
 from tests.data_plane.hf_models import hf_greedy  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
@@ -351,6 +351,27 @@ def test_config_and_default_dtype(llama_model: torch.nn.Module, tmp_path: Path) 
     assert next(loaded.model.parameters()).dtype == torch.float16
     quantized = write_gguf(llama_model, tmp_path / "q.gguf", "llama", "Q4_0")
     assert load_model(str(quantized)).config.dtype == torch.float32
+
+
+def test_auto_dtype_serves_float32_as_bfloat16_on_cuda() -> None:
+    """--dtype auto: a float32 (or dequantized) checkpoint serves in bfloat16 on CUDA only; a
+    half-precision checkpoint keeps its type everywhere."""
+    assert serving_dtype(torch.float32, "cuda:1") == torch.bfloat16
+    assert serving_dtype(torch.float32, "cpu") == torch.float32
+    assert serving_dtype(torch.float16, "cuda") == torch.float16
+    assert stored_dtype({"torch_dtype": "bfloat16"}) == torch.bfloat16
+    assert stored_dtype({}) == torch.float32
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_quantized_gguf_loads_as_bfloat16_on_cuda(
+    llama_model: torch.nn.Module, tmp_path: Path
+) -> None:
+    quantized = write_gguf(llama_model, tmp_path / "q.gguf", "llama", "Q8_0")
+    loaded = load_model(str(quantized), device="cuda")
+    assert loaded.config.dtype == torch.bfloat16
+    assert {p.dtype for p in loaded.model.parameters()} == {torch.bfloat16}
 
 
 # ---- the real model ------------------------------------------------------------------------

@@ -29,6 +29,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from data_plane.models import triton_attention, triton_fused  # noqa: E402
 from data_plane.models.config import ModelConfig  # noqa: E402
 from data_plane.models.llama import empty_model  # noqa: E402
+from data_plane.models.staging import HostStaging  # noqa: E402
 from data_plane.models.triton_attention import HostBatch, paged_metadata  # noqa: E402
 
 MAX_LAUNCHES_PER_LAYER = 9  # norm, qkv, rope + kv, attention, o_proj, add + norm, gate_up,
@@ -142,7 +143,7 @@ def _decode_step(model: Any, counting: Callable[[Counter[str]], Any]) -> Counter
     )
     heads = (config.num_heads, config.num_kv_heads)
     ids, positions, meta, logits_index = paged_metadata(
-        batch, BLOCK_SIZE, rows_per_block, heads, torch.device(DEVICE)
+        batch, BLOCK_SIZE, rows_per_block, heads, HostStaging(torch.device(DEVICE))
     )
     cache = torch.zeros(
         (16, config.num_layers, 2, BLOCK_SIZE, config.num_kv_heads, config.head_dim),

@@ -36,6 +36,7 @@ from data_plane.models import load_model  # noqa: E402
 from data_plane.models.attention import paged_attention, write_kv  # noqa: E402
 from data_plane.models.config import ModelConfig  # noqa: E402
 from data_plane.models.llama import LlamaModel  # noqa: E402
+from data_plane.models.staging import HostStaging  # noqa: E402
 from data_plane.models.triton_attention import (  # noqa: E402
     HostBatch,
     build_tiles,
@@ -89,7 +90,7 @@ def _case(block_size: int, heads: tuple[int, int], head_dim: int, dtype: torch.d
     _, _, ref_meta, _, _ = runner._prepare(items, PromptRows([], []))
     batch, _ = runner.host_batch(items)
     _, _, tri_meta, _ = paged_metadata(
-        batch, block_size, runner.rows_per_block, heads, torch.device(DEVICE)
+        batch, block_size, runner.rows_per_block, heads, HostStaging(torch.device(DEVICE))
     )
     shape = (num_blocks, NUM_LAYERS, 2, block_size, heads[1], head_dim)
     cache = torch.randn(shape, generator=generator).to(dtype)
@@ -280,7 +281,8 @@ def test_split_context_decode_matches_dense(
         n,
         list(range(n)),
     )
-    _, _, meta, _ = paged_metadata(batch, block_size, rows_per_block, heads, torch.device(DEVICE))
+    staging = HostStaging(torch.device(DEVICE))
+    _, _, meta, _ = paged_metadata(batch, block_size, rows_per_block, heads, staging)
     assert meta.paged is not None
     meta.paged.decode_splits = splits
     cache = torch.randn(
