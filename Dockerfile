@@ -52,7 +52,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
     && case "$(uname -m)" in x86_64) march=x86-64-v3 ;; *) march=armv8-a ;; esac \
     && gcc -O3 -march="${march}" -fno-math-errno -fassociative-math -fno-signed-zeros \
        -fno-trapping-math -shared -fPIC -fopenmp "${models}/cpu_attention.c" \
-       "${models}/cpu_matmul.c" "${models}/cpu_decode_layer.c" \
+       "${models}/cpu_matmul.c" "${models}/cpu_dense.c" "${models}/cpu_decode_layer.c" \
        -o "${models}/cpu_attention_prebuilt.so" -lm \
     && rm -rf /var/lib/apt/lists/*
 

@@ -25,6 +25,8 @@ from data_plane.models.cpu_kernels import paged_decode as cpu_decode
 from data_plane.models.triton_attention import paged_attention_triton, write_kv_paged
 
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the cache dtypes the CPU kernel reads
+# scaled_dot_product_attention's enable_gqa (torch >= 2.5)
+_SDPA_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
 
 __all__ = [
     "AttentionMetadata",
@@ -169,11 +171,28 @@ def _prefill(
     v = cache_rows.index_select(0, rows[:context] + block_size)
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
-    q_pos = torch.arange(num_computed, context, device=q.device).unsqueeze(1)
-    k_pos = torch.arange(context, device=q.device).unsqueeze(0)
-    mask = k_pos <= q_pos
-    if sliding_window is not None:
-        mask &= k_pos > q_pos - sliding_window
+    mask: torch.Tensor | None = None
+    if num_computed or sliding_window is not None:
+        q_pos = torch.arange(num_computed, context, device=q.device).unsqueeze(1)
+        k_pos = torch.arange(context, device=q.device).unsqueeze(0)
+        mask = k_pos <= q_pos
+        if sliding_window is not None:
+            mask &= k_pos > q_pos - sliding_window
+    if _SDPA_GQA:
+        # [1, heads, tokens, d] with the KV heads shared by groups: torch's fused (flash) CPU
+        # kernel, causal without a mask for a first chunk (2-6x the masked 3-D call, measured)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),
+            k.transpose(0, 1).unsqueeze(0),
+            v.transpose(0, 1).unsqueeze(0),
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=scale,
+            enable_gqa=True,
+        )
+        return out[0].transpose(0, 1)
+    if mask is None:
+        mask = torch.ones(n_q, context, dtype=torch.bool, device=q.device).tril()
     # [kvh, group * n_q, d]: every query head of a KV group attends to that group's keys.
     qg = q.view(n_q, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
     qg = qg.reshape(num_kv_heads, group * n_q, head_dim)

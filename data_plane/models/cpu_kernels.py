@@ -1,5 +1,6 @@
 """The CPU kernels (``cpu_attention.c``: decode attention, RMSNorm, RoPE + KV write;
-``cpu_matmul.c``: the int4 matmul; ``cpu_decode_layer.c``: a whole decoder layer of decodes):
+``cpu_matmul.c``: the int4 matmul; ``cpu_dense.c``: the float32 matmul of few rows;
+``cpu_decode_layer.c``: a whole decoder layer of decodes):
 compiled once per host at first use into one library, called through ctypes.
 
 The shared object is built with the system C compiler (``$CC``, else ``cc``) with
@@ -34,7 +35,7 @@ log = structlog.get_logger(__name__)
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("cpu_attention.c", "cpu_matmul.c", "cpu_decode_layer.c")
+    for name in ("cpu_attention.c", "cpu_matmul.c", "cpu_dense.c", "cpu_decode_layer.c")
 )
 HEADER = Path(__file__).with_name("cpu_exp.h")  # included by the sources
 # Built for a baseline CPU by the container image (Dockerfile), which has no compiler at run
@@ -76,6 +77,8 @@ class Kernels:
     int4_matmul_available: Callable[[], int]
     int4_dequantize: Callable[..., None]
     decode_layer: Callable[..., int]
+    f32_matmul: Callable[..., int]
+    f32_matmul_available: Callable[[], int]
 
 
 _lock = threading.Lock()
@@ -127,7 +130,12 @@ def _load() -> Kernels | None:
     dequantize.restype = None
     layer = library.decode_layer
     layer.argtypes, layer.restype = [ctypes.c_void_p], ctypes.c_int
-    return Kernels(decode, norm, rope, int4, int4_available, dequantize, layer)
+    dense, dense_available = library.f32_matmul, library.f32_matmul_available
+    dense.argtypes, dense.restype = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4, ctypes.c_int
+    dense_available.argtypes, dense_available.restype = [], ctypes.c_int
+    return Kernels(
+        decode, norm, rope, int4, int4_available, dequantize, layer, dense, dense_available
+    )
 
 
 def _build() -> Path:
@@ -353,3 +361,23 @@ def int4_dequantize(codes: torch.Tensor, scale_bits: torch.Tensor) -> torch.Tens
         codes.data_ptr(), scale_bits.data_ptr(), out.data_ptr(), n, k, torch.get_num_threads()
     )
     return out
+
+
+def f32_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """``x`` [m, k] @ ``weight``.T (``weight`` [n, k]), both float32 contiguous on the CPU:
+    float32 [m, n]. None where the kernel does not compute here (no AVX-512, kernels off) or
+    the operands are not such matrices."""
+    found = kernels()
+    if found is None or not found.f32_matmul_available():
+        return None
+    if x.dim() != 2 or weight.dim() != 2 or not plain_f32(x, weight):
+        return None
+    m, k = x.shape
+    n = weight.shape[0]
+    if weight.shape[1] != k:
+        raise ValueError(f"f32_matmul: weight {tuple(weight.shape)} does not match x {(m, k)}")
+    out = torch.empty(m, n, dtype=torch.float32)
+    status = found.f32_matmul(
+        x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, n, k, torch.get_num_threads()
+    )
+    return out if status == 0 else None

@@ -14,6 +14,7 @@ from data_plane.models.config import ModelConfig, rope_inv_freq
 from data_plane.models.cpu_decode_layer import LayerWeights, decode_layer
 from data_plane.models.cpu_kernels import rms_norm as cpu_rms_norm
 from data_plane.models.cpu_kernels import rope_write_kv as cpu_rope_write_kv
+from data_plane.models.dense import DenseLinear
 from data_plane.models.int4_blocks import Int4BlockLinear
 from data_plane.models.triton_fused import rms_norm as fused_rms_norm
 from data_plane.models.triton_fused import rope_write_kv as fused_rope_write_kv
@@ -85,10 +86,12 @@ class DecoderLayer(nn.Module):
         q_size = config.num_heads * config.head_dim
         kv_size = config.num_kv_heads * config.head_dim
         self.qkv_sizes = (q_size, kv_size, kv_size)
-        self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.qkv_proj = DenseLinear(config.hidden_size, q_size + 2 * kv_size, bias=config.qkv_bias)
+        self.o_proj = DenseLinear(q_size, config.hidden_size, bias=False)
+        self.gate_up_proj = DenseLinear(
+            config.hidden_size, 2 * config.intermediate_size, bias=False
+        )
+        self.down_proj = DenseLinear(config.intermediate_size, config.hidden_size, bias=False)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # dtype of the MLP's input and intermediate activations; None: the model's. Set to
@@ -205,7 +208,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = DenseLinear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = Rotary(config)
