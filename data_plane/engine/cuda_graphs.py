@@ -6,7 +6,8 @@ has token 0 at position 0, slot row -1 (the Triton write kernel stores nothing f
 context length 0 (attention reads nothing and returns zeros); its logits are dropped. Every
 graph reads static device buffers (slices of the largest bucket's): token ids, positions, slot
 rows, context lengths and block tables (as wide as the model's longest context), refilled
-before each replay, so the block tables and positions are the graph's inputs, and writes its
+before each replay from pinned memory (of the block tables only the entries that changed,
+``table_updates``), so the block tables and positions are the graph's inputs, and writes its
 logits into rows of one shared output buffer. The engine captures every bucket up to
 ``max_num_seqs`` when it is built (:meth:`DecodeGraphs.capture_all`, largest first, sharing one
 memory pool; the KV sizing counts them, ``graph_memory_bytes``); a bucket not captured yet is
@@ -28,7 +29,7 @@ import torch
 from data_plane.models.attention import AttentionMetadata, PagedInputs, TileSet
 from data_plane.models.config import ModelConfig
 from data_plane.models.llama import LlamaModel
-from data_plane.models.staging import HostStaging, padded_table_array
+from data_plane.models.staging import HostStaging
 from data_plane.models.triton_attention import (
     HostBatch,
     decode_splits,
@@ -96,6 +97,31 @@ def pad_decode_batch(batch: HostBatch, size: int) -> HostBatch:
     )
 
 
+def table_updates(
+    held: list[list[int]], tables: Sequence[list[int]], width: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """What to write into a ``[rows, width]`` block-table buffer whose row ``i`` holds
+    ``held[i]`` so that it holds ``tables[i]``: (flat indices, block ids), int64. A row whose
+    table only grew (the same sequence, one more block) gets its new columns; any other change
+    rewrites the row's table. Columns past a row's table are left as they are: attention never
+    reads past the context. ``held`` is updated to ``tables``."""
+    index: list[int] = []
+    values: list[int] = []
+    for row, table in enumerate(tables):
+        if len(table) > width:
+            raise ValueError(f"a block table is wider than {width} columns")
+        old = held[row]
+        kept = len(old) if len(old) <= len(table) and table[: len(old)] == old else 0
+        if kept < len(table):
+            base = row * width
+            index.extend(range(base + kept, base + len(table)))
+            values.extend(table[kept:])
+            held[row] = list(table)
+        elif len(old) != len(table):
+            held[row] = list(table)
+    return np.asarray(index, dtype=np.int64), np.asarray(values, dtype=np.int64)
+
+
 def selected_rows(logits: torch.Tensor, logits_index: list[int]) -> torch.Tensor:
     """Rows ``logits_index`` of ``logits`` (a slice when they are ``0..k-1``)."""
     if logits_index == list(range(len(logits_index))):
@@ -140,9 +166,8 @@ class DecodeGraphs:
         self.tile_offsets = self._longs(largest)
         self.logits_index = torch.arange(largest, dtype=torch.long, device=device)
         self._no_rows = self._longs(0, 0)
-        self._staging = HostStaging(
-            device, capacity=4 * largest + largest * self.max_blocks_per_seq
-        )
+        self._staging = HostStaging(device, capacity=4 * largest + 2 * largest * 64)
+        self._tables_held: list[list[int]] = [[] for _ in range(largest)]  # block_tables' rows
         self._graphs: dict[int, _Captured] = {}
         self._pool: Any = None
         self._cache_ptr: int | None = None
@@ -197,15 +222,19 @@ class DecodeGraphs:
             self._cache_ptr = kv_cache.data_ptr()
 
     def _load(self, padded: HostBatch) -> None:
-        """The batch into the static input buffers: non-blocking copies from pinned memory."""
+        """The batch into the static input buffers: one non-blocking copy from pinned memory,
+        then the vectors' device copy and a scatter of the block-table entries that changed."""
         size = padded.num_seqs
         columns = [padded.input_ids, padded.positions, padded.slot_rows, padded.context_lens]
-        pairs = [(self.vectors[:, :size], np.asarray(columns, dtype=np.int64))]
-        width = padded.table_width
-        if width:
-            tables = padded_table_array(padded.block_tables, width)
-            pairs.append((self.block_tables[:size, :width], tables))
-        self._staging.copy_into(pairs)
+        index, values = table_updates(
+            self._tables_held, padded.block_tables, self.max_blocks_per_seq
+        )
+        vectors, index_dev, values_dev = self._staging.stage(
+            [np.asarray(columns, dtype=np.int64), index, values]
+        )
+        self.vectors[:, :size].copy_(vectors)
+        if index.size:
+            self.block_tables.view(-1).index_copy_(0, index_dev, values_dev)
 
     def _inputs(
         self, size: int, kv_cache: torch.Tensor

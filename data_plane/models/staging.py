@@ -71,14 +71,6 @@ class HostStaging:
             for array, (start, end) in zip(arrays, spans, strict=True)
         ]
 
-    def copy_into(self, pairs: Sequence[tuple[torch.Tensor, np.ndarray]]) -> None:
-        """Each array into its device tensor (same shape; static buffers such as a CUDA
-        graph's inputs), one non-blocking copy each through the pinned buffer."""
-        spans = self._fill([array for _, array in pairs])
-        for (target, array), (start, end) in zip(pairs, spans, strict=True):
-            target.copy_(self._host[start:end].view(array.shape), non_blocking=True)
-        self._record()
-
     def _record(self) -> None:
         if self._event is not None:
             self._event.record()

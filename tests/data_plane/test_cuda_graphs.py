@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,6 +20,7 @@ from data_plane.engine.cuda_graphs import (  # noqa: E402
     capture_sizes,
     pad_decode_batch,
     selected_rows,
+    table_updates,
 )
 from data_plane.engine.llm import build_engine, generate  # noqa: E402
 from data_plane.engine.model_runner import resolve_attention_backend  # noqa: E402
@@ -46,6 +48,41 @@ def _decodes(num: int) -> HostBatch:
         num_decodes=num,
         logits_index=list(range(num)),
     )
+
+
+def test_table_updates_leave_each_row_holding_its_table() -> None:
+    """Batches that grow, reorder, shrink and replace sequences: after applying the updates, the
+    buffer's row i starts with table i, and a step where tables only grew writes only the
+    new blocks."""
+    import random
+
+    rng = random.Random(3)
+    rows, width = 6, 12
+    buffer = np.full(rows * width, -1, dtype=np.int64)
+    held: list[list[int]] = [[] for _ in range(rows)]
+    tables = [[rng.randrange(100) for _ in range(rng.randrange(1, 5))] for _ in range(rows)]
+    for step in range(60):
+        if step % 7 == 3:
+            rng.shuffle(tables)  # the batch reordered
+        elif step % 11 == 5:
+            tables[rng.randrange(rows)] = []  # a padded row
+        else:
+            grow = rng.randrange(rows)
+            if len(tables[grow]) < width:
+                tables[grow] = tables[grow] + [rng.randrange(100)]
+        before = [list(t) for t in held]
+        index, values = table_updates(held, tables, width)
+        buffer[index] = values
+        for row, table in enumerate(tables):
+            assert buffer[row * width : row * width + len(table)].tolist() == table
+        assert held == tables
+        new_blocks = sum(
+            len(t) - len(b) for t, b in zip(tables, before, strict=True) if t[: len(b)] == b
+        )
+        if all(t[: len(b)] == b for t, b in zip(tables, before, strict=True)):
+            assert len(index) == new_blocks  # only what grew
+    with pytest.raises(ValueError, match="wider than 12"):
+        table_updates(held, [[0] * 13], width)
 
 
 def test_capture_sizes_end_at_the_largest_batch() -> None:

@@ -29,20 +29,6 @@ def test_stage_returns_each_array_with_its_shape() -> None:
     assert again[0].tolist() == [9, 8]
 
 
-def test_copy_into_fills_slices_of_static_buffers() -> None:
-    staging = HostStaging(torch.device("cpu"), capacity=4)
-    vectors = torch.full((2, 6), -5, dtype=torch.long)
-    tables = torch.full((4, 4), -5, dtype=torch.long)
-    staging.copy_into(
-        [
-            (vectors[:, :3], np.array([[1, 2, 3], [4, 5, 6]], dtype=np.int64)),
-            (tables[:2, :2], np.array([[7, 8], [9, 10]], dtype=np.int64)),
-        ]
-    )
-    assert vectors.tolist() == [[1, 2, 3, -5, -5, -5], [4, 5, 6, -5, -5, -5]]
-    assert tables[:2, :2].tolist() == [[7, 8], [9, 10]] and int(tables[2:].max()) == -5
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_staged_values_survive_a_busy_stream() -> None:
