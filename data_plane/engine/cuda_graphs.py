@@ -43,6 +43,7 @@ DEFAULT_CAPTURE_SIZES = (
 )
 # Larger decode batches run eagerly: their step is long enough that launches do not matter
 DEFAULT_MAX_GRAPH_BATCH = 512
+GRAPH_MEMORY_FRACTION = 0.05  # of the device's memory, at most, for the graphs' own buffers
 _WARMUP_RUNS = 2  # eager runs before a capture (Triton compiles, cuBLAS picks its kernels)
 _IDS, _POSITIONS, _SLOTS, _CONTEXT = range(4)  # rows of the static vector buffer
 
@@ -65,6 +66,17 @@ def graph_memory_bytes(config: ModelConfig, max_batch: int) -> int:
     activations = (4 * config.hidden_size + q_kv + 3 * config.intermediate_size) * element
     logits = config.vocab_size * (element + 4)
     return max_batch * (activations + logits + config.vocab_size * 4)
+
+
+def graph_batch_limit(config: ModelConfig, max_num_seqs: int, budget_bytes: int) -> int:
+    """The largest decode batch to capture: ``max_num_seqs`` capped at
+    ``DEFAULT_MAX_GRAPH_BATCH``, lowered to the largest capture size whose graphs fit in
+    ``budget_bytes`` (``graph_memory_bytes``; at least 1)."""
+    limit = min(max_num_seqs, DEFAULT_MAX_GRAPH_BATCH)
+    if graph_memory_bytes(config, limit) <= budget_bytes:
+        return limit
+    fitting = [s for s in capture_sizes(limit) if graph_memory_bytes(config, s) <= budget_bytes]
+    return fitting[-1] if fitting else 1
 
 
 def bucket_for(num_seqs: int, sizes: Sequence[int]) -> int | None:

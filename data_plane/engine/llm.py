@@ -11,13 +11,13 @@ import structlog
 import torch
 
 from data_plane.engine.config import EngineConfig
-from data_plane.engine.cuda_graphs import DEFAULT_MAX_GRAPH_BATCH
+from data_plane.engine.cuda_graphs import GRAPH_MEMORY_FRACTION, graph_batch_limit
 from data_plane.engine.engine import Engine, Planner
 from data_plane.engine.executor import ModelExecutor
 from data_plane.engine.model_runner import ModelRunner
 from data_plane.engine.request import FinishReason, RequestError
 from data_plane.engine.sampling import SamplingParams
-from data_plane.engine.sizing import size_hbm_pool, validate_max_model_len
+from data_plane.engine.sizing import device_total_bytes, size_hbm_pool, validate_max_model_len
 from data_plane.engine.structured import Grammars
 from data_plane.kv.geometry import KVGeometry
 from data_plane.kv.host_pool import (
@@ -76,7 +76,11 @@ def build_engine(
         loaded.model,
         config.block_size,
         config.device,
-        max_graph_batch=min(config.max_num_seqs, DEFAULT_MAX_GRAPH_BATCH),
+        max_graph_batch=graph_batch_limit(
+            model_cfg,
+            config.max_num_seqs,
+            int(device_total_bytes(torch.device(config.device)) * GRAPH_MEMORY_FRACTION),
+        ),
     )
     num_blocks, how = size_hbm_pool(config, geometry, runner, model_cfg.vocab_size)
     max_model_len = validate_max_model_len(

@@ -18,6 +18,8 @@ from data_plane.engine.cuda_graphs import (  # noqa: E402
     DecodeGraphs,
     bucket_for,
     capture_sizes,
+    graph_batch_limit,
+    graph_memory_bytes,
     pad_decode_batch,
     selected_rows,
     table_updates,
@@ -83,6 +85,16 @@ def test_table_updates_leave_each_row_holding_its_table() -> None:
             assert len(index) == new_blocks  # only what grew
     with pytest.raises(ValueError, match="wider than 12"):
         table_updates(held, [[0] * 13], width)
+
+
+def test_graph_batch_limit_keeps_the_graphs_within_their_budget() -> None:
+    config = load_model("tiny-random").config
+    per_seq = graph_memory_bytes(config, 1)
+    assert graph_memory_bytes(config, 64) == 64 * per_seq  # linear in the batch
+    assert graph_batch_limit(config, 100, 10**12) == 100
+    assert graph_batch_limit(config, 4096, 10**12) == 512  # DEFAULT_MAX_GRAPH_BATCH
+    assert graph_batch_limit(config, 256, 100 * per_seq) == 96  # the largest size that fits
+    assert graph_batch_limit(config, 256, per_seq // 2) == 1
 
 
 def test_capture_sizes_end_at_the_largest_batch() -> None:
