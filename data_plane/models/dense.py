@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from data_plane.models import cpu_kernels
+from data_plane.models.cpu_kernels import f32_matmul
 
 # Rows up to which the kernel beats MKL's sgemm (AMD EPYC Zen 4, 2 threads, k 512-1376, n
 # 512-32000: 1.3-5x at 1-32 rows, 1.0-1.8x at 64, even to 1.3x at 128; docs/benchmarks.md)
@@ -24,7 +24,7 @@ class DenseLinear(nn.Linear):
             and x.dtype == torch.float32
             and not torch.is_grad_enabled()
         ):
-            out = cpu_kernels.f32_matmul(x.contiguous(), self.weight)
+            out = f32_matmul(x.contiguous(), self.weight)
             if out is not None:
                 return out if self.bias is None else out.add_(self.bias)
         return super().forward(x)
