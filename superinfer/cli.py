@@ -23,7 +23,12 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--revision", default=None, help="of a hub id")
     parser.add_argument("--tokenizer", default=None, help="tokenizer.json or llama2.c tok*.bin")
     parser.add_argument(
-        "--dtype", default=None, help="float32 | bfloat16 | float16 (default: the checkpoint's)"
+        "--dtype",
+        default=None,
+        help=(
+            "float32 | bfloat16 | float16 (default: the checkpoint's; a float32 or quantized "
+            "HF/GGUF checkpoint serves in bfloat16 on CUDA)"
+        ),
     )
     parser.add_argument(
         "--quantization",

@@ -200,8 +200,8 @@ class DecodeGraphs:
         )
 
     def run(self, batch: HostBatch, kv_cache: torch.Tensor) -> torch.Tensor:
-        """Logits of the rows ``batch.logits_index`` (the graph's output buffer: read it before
-        the next run)."""
+        """Logits of the rows ``batch.logits_index``: a view of the graphs' shared output buffer,
+        overwritten by the next run (of any size): read or copy it before then."""
         size = bucket_for(batch.num_seqs, self.sizes)
         if size is None or not self.supports(batch):
             raise ValueError("DecodeGraphs.run needs a decode batch that fits a captured size")

@@ -64,6 +64,9 @@ def build_engine(
     ``knobs`` planned in process, the model's tokenizer) or, with ``serving``, wired for the
     worker once and for all."""
     knobs = knobs or Knobs()
+    if torch.device(config.device).type == "cuda":
+        # Triton launches, graph capture and the staging event use the current device
+        torch.cuda.set_device(torch.device(config.device))
     model_cfg = loaded.config
     geometry = KVGeometry(
         model_cfg.num_layers,
@@ -118,6 +121,7 @@ def capture_graphs(runner: ModelRunner, kv_tensor: torch.Tensor) -> None:
     time and device memory it took."""
     if runner.graphs is None:
         return
+    torch.cuda.empty_cache()  # capture empties the cache: count from an empty one
     start, before = time.perf_counter(), torch.cuda.memory_reserved(runner.device)
     num_captured = runner.capture_graphs(kv_tensor)
     log.info(

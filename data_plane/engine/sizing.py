@@ -79,7 +79,8 @@ def activation_peak_bytes(runner: ModelRunner, config: EngineConfig, vocab_size:
 
 def outside_torch_bytes(device: torch.device) -> int:
     """Device memory in use that torch's allocator does not hold (the CUDA context, library
-    workspaces); 0 off CUDA."""
+    workspaces); 0 off CUDA. Another process on the same GPU counts too: the pool is sized as
+    if this worker had the device to itself apart from what is already in use."""
     if device.type != "cuda":
         return 0
     free, total = torch.cuda.mem_get_info(device)

@@ -153,8 +153,9 @@ def stored_dtype(raw: dict[str, Any]) -> torch.dtype:
 
 
 def serving_dtype(stored: torch.dtype, device: str) -> torch.dtype:
-    """``--dtype auto``: the checkpoint's own float type, except that float32 (or a quantized
-    file dequantized) serves in bfloat16 on CUDA, where float32 would halve the bandwidth."""
+    """``--dtype auto`` for HF and GGUF checkpoints: the checkpoint's own float type, except
+    that float32 (or a quantized file dequantized) serves in bfloat16 on CUDA, where float32
+    would halve the bandwidth. (llama2.c files and ``tiny-random`` keep float32: test models.)"""
     if stored == torch.float32 and torch.device(device).type == "cuda":
         return torch.bfloat16
     return stored

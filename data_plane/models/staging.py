@@ -72,8 +72,8 @@ class HostStaging:
         ]
 
     def _record(self) -> None:
-        if self._event is not None:
-            self._event.record()
+        if self._event is not None:  # on the stream of this device, whichever device is current
+            self._event.record(torch.cuda.current_stream(self.device))
 
     def _wait_for_previous_copy(self) -> None:
         if self._event is not None:

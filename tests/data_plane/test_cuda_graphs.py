@@ -202,7 +202,7 @@ def test_replay_matches_an_eager_launch(dtype: str) -> None:
     assert graphs.num_captured == len(graphs.sizes) == 5  # 1, 2, 4, 8, 16
     assert torch.equal(cache, untouched)
     batch = _consistent_decodes(3, graphs.rows_per_block)
-    replayed = graphs.run(batch, cache).float()
+    replayed = graphs.run(batch, cache).float().clone()  # run() returns the shared buffer
     heads = (model.config.num_heads, model.config.num_kv_heads)
     ids, positions, meta, index = paged_metadata(
         batch, 4, graphs.rows_per_block, heads, HostStaging(cache.device)
