@@ -5,15 +5,19 @@ requests (prompts 32-512 tokens, outputs 16-256 tokens, greedy, EOS ignored). tr
 serves them as a static server: `generate` on left-padded batches of 16 in arrival order, each
 batch running until its longest request is done (tokens past a request's own length are not
 counted). Ours serves all 64 at once. Both run in ``--dtype`` (default float32, the
-checkpoint's; bfloat16 casts both). Ends with a RESULT line.
+checkpoint's; bfloat16 casts both). ``--rounds`` rounds alternate the order (ours then
+transformers, then transformers then ours, ...), each with the load average; the RESULT's ratio
+is the median of the rounds' ratios (min and max beside it).
 
-    .venv/bin/python bench/engine_cpu.py [--num-requests 64] [--threads N] [--dtype bfloat16]
+    .venv/bin/python bench/engine_cpu.py [--num-requests 64] [--rounds 2] [--threads N]
+        [--dtype bfloat16]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 import time
 
@@ -102,9 +106,39 @@ def run_ours(
     return elapsed, split
 
 
+def run_round(
+    index: int,
+    directory: str,
+    model: torch.nn.Module,
+    requests: list[tuple[list[int], int]],
+    dtype: str,
+) -> dict:
+    """One round, ours first on even rounds and transformers first on odd ones."""
+    useful = sum(n for _, n in requests)
+    load = os.getloadavg()[0]
+    if index % 2 == 0:
+        ours_s, split = run_ours(directory, requests, dtype)
+        hf_s = run_hf(model, requests, batch=16)
+    else:
+        hf_s = run_hf(model, requests, batch=16)
+        ours_s, split = run_ours(directory, requests, dtype)
+    row = {"ours_tok_s": useful / ours_s, "hf_tok_s": useful / hf_s, "load": load, **split}
+    row["ratio"] = row["ours_tok_s"] / row["hf_tok_s"]
+    print(
+        f"round {index}: ours {row['ours_tok_s']:.1f} tok/s  transformers {row['hf_tok_s']:.1f}"
+        f" tok/s  ratio {row['ratio']:.2f}  load {load:.2f}  "
+        + "  ".join(
+            f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in split.items()
+        ),
+        flush=True,
+    )
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
@@ -112,31 +146,25 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     requests = make_requests(args.num_requests, args.seed)
-    useful = sum(n for _, n in requests)
+    print(
+        f"requests={len(requests)} useful_output_tokens={sum(n for _, n in requests)} "
+        f"torch={torch.__version__} threads={torch.get_num_threads()} dtype={args.dtype}",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as directory:
         model = build_checkpoint(directory).to(getattr(torch, args.dtype))
-        ours_s, split = run_ours(directory, requests, args.dtype)
-        hf_s = run_hf(model, requests, batch=16)
-    ours_tok_s, hf_tok_s = useful / ours_s, useful / hf_s
+        rows = [run_round(i, directory, model, requests, args.dtype) for i in range(args.rounds)]
+    ratios = [row["ratio"] for row in rows]
+
+    def median(key: str) -> float:
+        return statistics.median(row[key] for row in rows)
+
     print(
-        f"requests={len(requests)} useful_output_tokens={useful} torch={torch.__version__} "
-        f"threads={torch.get_num_threads()} dtype={args.dtype}"
-    )
-    print(
-        f"ours: {ours_s:.1f} s  {ours_tok_s:.1f} tok/s   transformers: {hf_s:.1f} s  "
-        f"{hf_tok_s:.1f} tok/s"
-    )
-    print(
-        "ours per iteration: "
-        + "  ".join(
-            f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in split.items()
-        )
-    )
-    print(
-        f"RESULT engine_cpu ours_tok_s={ours_tok_s:.1f} hf_tok_s={hf_tok_s:.1f} "
-        f"ratio={ours_tok_s / hf_tok_s:.2f} model_ms_per_iter={split['model_ms_per_iter']:.2f} "
-        f"overhead_ms_per_iter={split['overhead_ms_per_iter']:.2f} dtype={args.dtype} "
-        f"load={os.getloadavg()[0]:.2f}"
+        f"RESULT engine_cpu ratio={statistics.median(ratios):.2f} ratio_min={min(ratios):.2f} "
+        f"ratio_max={max(ratios):.2f} ours_tok_s={median('ours_tok_s'):.1f} "
+        f"hf_tok_s={median('hf_tok_s'):.1f} model_ms_per_iter={median('model_ms_per_iter'):.2f} "
+        f"overhead_ms_per_iter={median('overhead_ms_per_iter'):.2f} rounds={len(rows)} "
+        f"dtype={args.dtype} load_mean={statistics.mean(row['load'] for row in rows):.2f}"
     )
 
 

@@ -12,8 +12,9 @@ sequence, logits included) of:
 - ``roofline``: weights + the batch's KV bytes at the device copy bandwidth measured here.
 
 Also checks on the real shape that the Triton path's logits match the torch path's (batch 1).
-Writes ``$OUT/decode_step.json``; the last line is ``RESULT decode_step ours_ms_b64=..
-roofline_ms_b64=.. ratio_b64=.. hf_eager_ms_b64=.. hf_graph_ms_b64=.. speedup_vs_hf_graph_b64=..``.
+Writes ``$OUT/decode_step.json`` (``bench/out/`` without ``OUT``); the last line is
+``RESULT decode_step ours_ms_b64=.. roofline_ms_b64=.. ratio_b64=.. hf_eager_ms_b64=..
+hf_graph_ms_b64=.. speedup_vs_hf_graph_b64=..``.
 ``--device cpu --tiny`` is a smoke run of the same code on a tiny model (Triton interpreter,
 graphs run eagerly, no transformers graph).
 
@@ -242,7 +243,8 @@ def main() -> int:
         )
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     document = {"device": device_name, "bandwidth_bytes_s": bandwidth, "rows": rows}
-    out = Path(os.environ.get("OUT", "."))
+    out = Path(os.environ.get("OUT", "bench/out"))
+    out.mkdir(parents=True, exist_ok=True)
     (out / "decode_step.json").write_text(json.dumps(document, indent=2))
     print(result_line(rows))
     return 0

@@ -15,9 +15,10 @@ Poisson arrivals, lengths clipped to 6,144 + 1,024 tokens, greedy, EOS ignored);
 Chosen with the simulator: at 3 req/s the HBM pool binds for vllm (predicted TTFT attainment
 0.72 with a 6 GiB pool, 1.0 with 8 GiB) and at 5 req/s it is overloaded (vllm 0.21, lvf 0.80).
 
-Writes ``$OUT/policy_e2e.json``; last line ``RESULT policy_e2e`` with, per rate R,
-``ttft_<policy>_rR``, ``tbt_<policy>_rR`` (attainment) and ``tput_ratio_rR`` (lvf / vllm output
-tokens per second). ``--budget-s`` drops the last rates that would not fit.
+Writes ``$OUT/policy_e2e.json`` (``bench/out/`` without ``OUT``); last line
+``RESULT policy_e2e`` with, per rate R, ``ttft_<policy>_rR``, ``tbt_<policy>_rR``
+(attainment) and ``tput_ratio_rR`` (lvf / vllm output tokens per second). ``--budget-s``
+drops the last rates that would not fit.
 
     python bench/gpu/policy_e2e.py [--rates 3,5] [--duration 60] [--budget-s 280]
     python bench/gpu/policy_e2e.py --device cpu --tiny --trace synthetic:32:8 --rates 4 \\
@@ -280,7 +281,8 @@ def warm_up(pools: Pools, args: argparse.Namespace) -> None:
 
 
 def write_rows(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    out = Path(os.environ.get("OUT", "."))
+    out = Path(os.environ.get("OUT", "bench/out"))
+    out.mkdir(parents=True, exist_ok=True)
     (out / "policy_e2e.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
 
 

@@ -15,9 +15,15 @@
 #define DENSE_AVX512 1
 #endif
 
-#define W_ROWS 4
-#define X_ROWS 4                        /* 4 x 4 accumulators: larger tiles spill (measured) */
+/* 2 x 8 accumulators: 1.3-1.6x the 4 x 4 tile at 16-64 rows with the weights streamed from
+ * memory, even at 1-8 rows; tiles of 24 or more accumulators spill (measured, AMD Zen 4). */
+#define W_ROWS 2
+#define X_ROWS 8
 #define MIN_MACS_PER_THREAD (1 << 18)   /* multiply-adds: below this one thread does all */
+/* Weight blocks ahead whose rows a tile prefetches into L1 as it goes: the rows come from memory
+ * while this block computes (weights past a step's cache; 1.2-1.6x at 4-16 rows, 1.1-1.3x at 33;
+ * a prefetch past the array's end is a no-op, never a fault). */
+#define PREFETCH_BLOCKS 2
 
 /* 1 where f32_matmul computes here (AVX-512), else 0. */
 int f32_matmul_available(void) {
@@ -45,7 +51,10 @@ static inline __attribute__((always_inline)) void dense_tile(const int rows,
         for (int i = 0; i < rows; ++i) acc[r][i] = _mm512_setzero_ps();
     for (int64_t kk = 0; kk < k; kk += 16) {
         __m512 w[W_ROWS];
-        for (int r = 0; r < W_ROWS; ++r) w[r] = load_k(w_rows[r], k, kk);
+        for (int r = 0; r < W_ROWS; ++r) {
+            w[r] = load_k(w_rows[r], k, kk);
+            _mm_prefetch((const char *)(w_rows[r] + PREFETCH_BLOCKS * W_ROWS * k + kk), _MM_HINT_T0);
+        }
         for (int i = 0; i < rows; ++i) {
             __m512 xv = load_k(x + (m0 + i) * k, k, kk);
             for (int r = 0; r < W_ROWS; ++r) acc[r][i] = _mm512_fmadd_ps(w[r], xv, acc[r][i]);
@@ -65,10 +74,14 @@ static void dense_block(const float *x, const float *w, float *out, int64_t bloc
     }
     int64_t m0 = 0, n0 = block * W_ROWS;
     for (; m0 + X_ROWS <= m; m0 += X_ROWS) dense_tile(X_ROWS, w_rows, x, m0, out, n0, n, k);
-    switch (m - m0) {
+    switch (m - m0) { /* the last rows: a constant count each, so the tile unrolls */
     case 1: dense_tile(1, w_rows, x, m0, out, n0, n, k); break;
     case 2: dense_tile(2, w_rows, x, m0, out, n0, n, k); break;
     case 3: dense_tile(3, w_rows, x, m0, out, n0, n, k); break;
+    case 4: dense_tile(4, w_rows, x, m0, out, n0, n, k); break;
+    case 5: dense_tile(5, w_rows, x, m0, out, n0, n, k); break;
+    case 6: dense_tile(6, w_rows, x, m0, out, n0, n, k); break;
+    case 7: dense_tile(7, w_rows, x, m0, out, n0, n, k); break;
     default: break;
     }
 }

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 33, 64])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 15, 33, 64])
 @pytest.mark.parametrize(("n", "k"), [(1, 16), (3, 7), (17, 33), (770, 512), (2752, 1376)])
 def test_matches_a_float64_product(m: int, n: int, k: int) -> None:
     generator = torch.Generator().manual_seed(m * 1000 + n + k)
