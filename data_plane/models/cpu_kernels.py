@@ -1,5 +1,5 @@
 """The CPU kernels (``cpu_attention.c``: decode attention, RMSNorm, RoPE + KV write;
-``cpu_matmul.c``: the int4 matmul; ``cpu_dense.c``: the float32 matmul of few rows;
+``cpu_matmul.c``: the int4 and int8 matmuls; ``cpu_dense.c``: the float32 matmul of few rows;
 ``cpu_decode_layer.c``: a whole decoder layer of decodes):
 compiled once per host at first use into one library, called through ctypes.
 
@@ -76,6 +76,7 @@ class Kernels:
     int4_matmul: Callable[..., int]
     int4_matmul_available: Callable[[], int]
     int4_dequantize: Callable[..., None]
+    int8_matmul: Callable[..., int]
     decode_layer: Callable[..., int]
     f32_matmul: Callable[..., int]
     f32_matmul_available: Callable[[], int]
@@ -125,6 +126,8 @@ def _load() -> Kernels | None:
     int4, int4_available = library.int4_matmul, library.int4_matmul_available
     int4.argtypes, int4.restype = _MATMUL_ARGTYPES, ctypes.c_int
     int4_available.argtypes, int4_available.restype = [], ctypes.c_int
+    int8 = library.int8_matmul
+    int8.argtypes, int8.restype = _MATMUL_ARGTYPES, ctypes.c_int
     dequantize = library.int4_dequantize
     dequantize.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
     dequantize.restype = None
@@ -134,7 +137,7 @@ def _load() -> Kernels | None:
     dense.argtypes, dense.restype = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4, ctypes.c_int
     dense_available.argtypes, dense_available.restype = [], ctypes.c_int
     return Kernels(
-        decode, norm, rope, int4, int4_available, dequantize, layer, dense, dense_available
+        decode, norm, rope, int4, int4_available, dequantize, int8, layer, dense, dense_available
     )
 
 
@@ -316,6 +319,30 @@ def int4_matmul(
     """``x`` [m, k] float32 @ W.T, W [n, k] as 4-bit ``codes`` [n / 16, k / 32, 4, 16, 4] and
     ``scale_bits`` [n / 16, k / 32, 2, 16] (``int4_blocks``' layout): float32 [m, n]. None
     where the kernel is unavailable here or ``x`` is not a float32 matrix on the CPU."""
+    n, k = codes.shape[0] * 16, x.shape[-1]
+    shapes = ((n // 16, k // 32, 4, 16, 4), (n // 16, k // 32, 2, 16))
+    return _quantized_matmul("int4_matmul", x, codes, scale_bits, shapes)
+
+
+def int8_matmul(
+    x: torch.Tensor, codes: torch.Tensor, scale_bits: torch.Tensor
+) -> torch.Tensor | None:
+    """``x`` [m, k] float32 @ W.T, W [n, k] as int8 ``codes`` (plus 128) [n / 16, k / 32, 8, 16,
+    4] and one bfloat16 scale per row, ``scale_bits`` [n] (``int8_blocks``' layout): float32 [m,
+    n]. None where the kernel is unavailable here or ``x`` is not a float32 matrix on the CPU."""
+    n, k = codes.shape[0] * 16, x.shape[-1]
+    return _quantized_matmul(
+        "int8_matmul", x, codes, scale_bits, ((n // 16, k // 32, 8, 16, 4), (n,))
+    )
+
+
+def _quantized_matmul(
+    name: str,
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scale_bits: torch.Tensor,
+    shapes: tuple[tuple[int, ...], tuple[int, ...]],
+) -> torch.Tensor | None:
     found = kernels()
     if found is None or not found.int4_matmul_available():
         return None
@@ -324,25 +351,17 @@ def int4_matmul(
     m, k = x.shape
     n = codes.shape[0] * 16
     if (
-        codes.shape != (n // 16, k // 32, 4, 16, 4)
-        or scale_bits.shape != (n // 16, k // 32, 2, 16)
+        (codes.shape, scale_bits.shape) != shapes
         or k % 32
         or not (codes.is_contiguous() and scale_bits.is_contiguous())
     ):
-        raise ValueError(f"int4_matmul: weights {tuple(codes.shape)} do not match x {(m, k)}")
+        raise ValueError(f"{name}: weights {tuple(codes.shape)} do not match x {(m, k)}")
     out = torch.empty(m, n, dtype=torch.float32)
-    status = found.int4_matmul(
-        x.data_ptr(),
-        codes.data_ptr(),
-        scale_bits.data_ptr(),
-        out.data_ptr(),
-        m,
-        n,
-        k,
-        torch.get_num_threads(),
-    )
+    kernel = found.int4_matmul if name == "int4_matmul" else found.int8_matmul
+    pointers = (x.data_ptr(), codes.data_ptr(), scale_bits.data_ptr(), out.data_ptr())
+    status = kernel(*pointers, m, n, k, torch.get_num_threads())
     if status == -2:
-        raise MemoryError("int4_matmul: no memory for the quantized activations")
+        raise MemoryError(f"{name}: no memory for the quantized activations")
     return out if status == 0 else None
 
 

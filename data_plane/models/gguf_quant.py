@@ -5,8 +5,9 @@ Per layer (or the embedding / lm_head) whose GGUF weights are all of quantized t
 - every part Q4_0, Q4_1 or Q4_K (and the shape allows it): 4-bit (``quant.int4_linear``:
   ``Int4BlockLinear`` where our CPU kernel computes, else ``Int4Linear``) with the file's own
   4-bit codes and per-32 scales/offsets, exact up to the scales' rounding to bfloat16;
-- otherwise (Q8_0, Q5_*, Q2/3/5/6_K, or a mix): ``Int8Linear``, re-quantized per output row
-  from the dequantized values;
+- otherwise (Q8_0, Q5_*, Q2/3/5/6_K, or a mix): int8 re-quantized per output row from the
+  dequantized values (``quant.int8_linear``: ``Int8BlockLinear`` where our CPU kernel computes,
+  else ``Int8Linear``);
 - the token embedding: ``Int8Embedding`` (per row), shared by a tied lm_head.
 
 A layer whose two MLP matmuls both compute in bfloat16 (torch's kernels; ours for int4 takes
@@ -25,6 +26,7 @@ from torch import nn
 
 from data_plane.models.config import ModelConfig, ModelConfigError
 from data_plane.models.int4_blocks import Int4BlockLinear
+from data_plane.models.int8_blocks import Int8BlockLinear
 from data_plane.models.llama import LlamaModel
 from data_plane.models.quant import (
     COMPUTE_DTYPE,
@@ -52,7 +54,7 @@ LINEAR_PARTS = {
     "lm_head": (None,),
 }
 
-QUANTIZED_LINEARS = (Int4Linear, Int4BlockLinear, Int8Linear)
+QUANTIZED_LINEARS = (Int4Linear, Int4BlockLinear, Int8Linear, Int8BlockLinear)
 Dequantize = Callable[["ReaderTensor"], np.ndarray]
 Permute = Callable[[torch.Tensor, str | None], torch.Tensor]
 

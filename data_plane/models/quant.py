@@ -1,7 +1,8 @@
 """Weight-only quantized layers for the CPU: weights stay 4- or 8-bit in memory and kernels read
 them directly: for int4 ours (``cpu_matmul.c``, in ``int4_blocks.Int4BlockLinear``'s layout)
 where the library is built with AVX512-VNNI, else torch's (``_weight_int4pack_mm_for_cpu``);
-for int8 torch's (``_weight_int8pack_mm``).
+for int8 ours (``int8_blocks.Int8BlockLinear``) where that kernel computes, else torch's
+(``_weight_int8pack_mm``).
 
 Torch's kernels take bfloat16 activations (their float32 paths are 25-80x slower here,
 bench/quant_matmul.py), so a quantized layer computes in bfloat16 and returns the caller's
@@ -32,6 +33,8 @@ from torch import nn
 
 from data_plane.models.cpu_kernels import int4_available
 from data_plane.models.int4_blocks import Int4BlockLinear
+from data_plane.models.int8_blocks import Int8BlockLinear, supported, to_kernel_layout
+from data_plane.models.int8_blocks import rows as block_rows
 
 COMPUTE_DTYPE = torch.bfloat16
 INT4_GROUP = 32
@@ -146,7 +149,8 @@ class Int8Linear(nn.Module):
 
 
 class Int8Embedding(nn.Module):
-    """Rows of int8 codes times their scale, in ``dtype``."""
+    """Rows of int8 codes times their scale, in ``dtype``. The codes are held in the int8
+    kernel's layout where it computes here (``blocked``), so that a tied lm_head shares them."""
 
     codes: torch.Tensor
     scale_bits: torch.Tensor
@@ -154,17 +158,25 @@ class Int8Embedding(nn.Module):
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> None:
         super().__init__()
         self.dtype = dtype
-        self.register_buffer("codes", codes)
+        self.embedding_dim = int(codes.shape[1])
+        self.blocked = supported(*(int(size) for size in codes.shape))
+        self.register_buffer("codes", to_kernel_layout(codes) if self.blocked else codes)
         self.register_buffer("scale_bits", _bits(scales))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = self.codes.index_select(0, ids.flatten()).to(self.dtype)
-        scales = self.scale_bits.view(COMPUTE_DTYPE).index_select(0, ids.flatten())
+        flat = ids.flatten()
+        if self.blocked:
+            rows = block_rows(self.codes, flat).to(self.dtype)
+        else:
+            rows = self.codes.index_select(0, flat).to(self.dtype)
+        scales = self.scale_bits.view(COMPUTE_DTYPE).index_select(0, flat)
         rows = rows * scales.to(self.dtype).unsqueeze(1)
-        return rows.view(*ids.shape, self.codes.shape[1])
+        return rows.view(*ids.shape, self.embedding_dim)
 
-    def as_linear(self) -> Int8Linear:
+    def as_linear(self) -> Int8Linear | Int8BlockLinear:
         """The tied lm_head: the same codes and scales (no copy)."""
+        if self.blocked:
+            return Int8BlockLinear(self.codes, self.scale_bits)
         return Int8Linear(self.codes, self.scale_bits.view(COMPUTE_DTYPE))
 
 
@@ -190,8 +202,13 @@ def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scales
 
 
-def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
+def int8_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> Int8Linear | Int8BlockLinear:
+    """Per-row int8 in our kernel's layout where it computes here, else torch's."""
     codes, scales = int8_rows(weight)
+    if supported(*(int(size) for size in codes.shape)):
+        return Int8BlockLinear(to_kernel_layout(codes), _bits(scales), _float_bias(bias))
     return Int8Linear(codes, scales, _float_bias(bias))
 
 
