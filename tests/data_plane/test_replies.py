@@ -119,9 +119,11 @@ async def test_a_failed_snapshot_write_still_sends_the_tokens(redis_client: Redi
     worker.replies = Replies()
     worker.replies.admit("r1", GW_A, {"worker_id": "w0"})
     worker._snapshot_bytes = lambda result, iteration_time_s: b"snapshot"  # type: ignore[method-assign]
+    worker._send_task = None
     result: Any = StepResult([RequestOutput("r1", [3, 4], 2)], snapshot=cast(Any, None))
-    with pytest.raises(ConnectionError):
-        await worker._publish(result, 0.01)
+    await worker._publish(result, 0.01)  # sent while the next step would run
+    with pytest.raises(ConnectionError):  # the failed write surfaces when the send is awaited
+        await worker._flush_sends()
     (entry,) = await redis_client.xrange(GW_A)
     (out,) = decode(entry[1][b"m"], TokenOutputs).outputs
     assert (out.index, out.token_ids) == (0, [3, 4])  # sent and counted: no silent hole
@@ -200,6 +202,7 @@ async def test_an_idle_worker_still_sends_what_a_failed_write_left(redis_client:
     worker._read_plans = nothing_new  # type: ignore[method-assign,assignment]
     worker._refresh_status = lambda: None  # type: ignore[method-assign]
     worker.knobs = SimpleNamespace(seeded=True, apply=lambda: None)  # type: ignore[assignment]
+    worker._send_task = None
     await worker._iterate()
     (entry,) = await redis_client.xrange(GW_A)
     (finish,) = decode(entry[1][b"m"], TokenOutputs).outputs
