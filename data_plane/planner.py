@@ -1,13 +1,15 @@
 """The worker's planner: the control plane's newest plan when it is fresh and made with the
 knobs the worker holds, else the same ``shared.policy`` code run locally. It owns the worker's
 one LVF residency controller (its value travels in the snapshots: the control plane plans with
-it). Switches are logged both ways."""
+it). Switches are logged both ways. An iteration with nothing to decide
+(:func:`~shared.policy.nothing_to_decide`: every request runs, its growth covered) is planned
+here whatever the source, and its snapshot need not be sent (:meth:`quiet`)."""
 
 from __future__ import annotations
 
 import structlog
 
-from shared.policy import ColumnarSnapshot, Knobs, Plan, Snapshot, make_plan
+from shared.policy import ColumnarSnapshot, Knobs, Plan, Snapshot, make_plan, nothing_to_decide
 from shared.policy.adaptive import ResidencyController, controlled_knobs
 from shared.policy.remote import fit_plan
 from shared.protocol import RotationPlan
@@ -29,6 +31,8 @@ class HybridPlanner:
         self.num_remote = 0
         self.num_local = 0
         self.num_remote_transitions = 0  # state changes taken from remote plans (still valid)
+        self.num_quiet = 0  # iterations with nothing to decide (planned here, see quiet())
+        self._quiet_iteration = -1  # the last such iteration
 
     @property
     def knobs(self) -> Knobs:
@@ -85,9 +89,18 @@ class HybridPlanner:
         fresh = 0 <= iteration - remote.snapshot_iteration <= self.max_age_iterations
         return remote if fresh else None
 
+    def quiet(self, iteration: int) -> bool:
+        """Whether iteration ``iteration`` had nothing to decide: no planner could have moved a
+        request, so its snapshot is worth sending only to keep the worker known."""
+        return iteration == self._quiet_iteration
+
     def __call__(self, snapshot: Snapshot | ColumnarSnapshot) -> Plan:
         """The plan for this iteration (the worker's engine hands columns; views work too)."""
         snapshot, knobs = controlled_knobs(snapshot, self._knobs, self.residency)
+        if nothing_to_decide(snapshot):  # only the batch to pack: no plan to wait for
+            self.num_quiet += 1
+            self._quiet_iteration = snapshot.iteration
+            return make_plan(snapshot, knobs)
         remote = self.remote_for(snapshot.iteration)
         self._switch("local" if remote is None else "remote", snapshot.iteration)
         if remote is None:

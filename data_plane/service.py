@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import structlog
 from redis.asyncio import Redis
@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 
 from data_plane.engine.engine import Engine, StepResult
 from data_plane.engine.request import FinishReason, RequestError, RequestOutput
-from data_plane.intake import Intake
+from data_plane.intake import Entry, Intake
 from data_plane.knobs import WorkerKnobs
 from data_plane.orphans import GatewayWatch, sweep_orphans
 from data_plane.planner import HybridPlanner
@@ -57,7 +57,12 @@ from shared.runtime import (
 )
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
+Fetched = list[T] | Exception  # a read's result, or the error it raised
 MAX_FAILED_STEPS = 3  # consecutive engine steps that raised before every request is failed
+# A step with nothing to decide (HybridPlanner.quiet) sends its snapshot at most this often:
+# only to keep the worker's lease and stream alive (control plane's worker_forget_s: 10 s).
+QUIET_SNAPSHOT_S = 1.0
 
 
 class Worker:
@@ -98,6 +103,7 @@ class Worker:
         self._num_failed_steps = 0
         self.deltas = DeltaEncoder() if settings.snapshot_deltas else None
         self._announced_s: float | None = None  # when a snapshot last announced this worker
+        self._snapshot_sent_s = -QUIET_SNAPSHOT_S  # monotonic time a snapshot was last encoded
         # The last step's snapshot and outputs on their way to Redis while the next step runs
         # (at most one send in flight: they leave in step order).
         self._send_task: asyncio.Task[None] | None = None
@@ -129,25 +135,53 @@ class Worker:
             await self.intake.ensure_group()
 
     async def _iterate(self) -> None:
+        """One iteration: with requests in flight, the engine step runs in its thread while
+        new requests and plans are read (no Redis round trip between steps); what was read is
+        applied once the step is done, so the engine and the planner change between steps
+        only. Idle, the read blocks up to ``idle_block_ms`` (it also paces retries of a failed
+        write)."""
         if not self.knobs.seeded:
             await self.knobs.seed()
-        busy = self.engine.has_unfinished()  # idle: the read paces retries of a failed write
-        # New requests and plans read at once: one wait for Redis between steps, not two (two
-        # round trips were ~2 ms of a 13 ms step at one stream on two busy cores).
-        await asyncio.gather(
-            self._take_requests(block_ms=None if busy else self.settings.idle_block_ms),
-            self._read_plans(),
-        )
+        if self.engine.has_unfinished():
+            step = asyncio.create_task(self._step())
+            try:
+                fetched = await self._fetch(block_ms=None)
+            finally:
+                await step
+        else:
+            fetched = await self._fetch(block_ms=self.settings.idle_block_ms)
+            if self.replies.has_pending:  # a failed write's outputs, with nothing else to send
+                await self._flush_sends()
+                await self.replies.send(self.redis, [])
+        await self._apply(*fetched)
         if self.gateways.unswept:
             await sweep_orphans(self.gateways, self.engine, self.replies, self.redis)
         self.knobs.apply()  # the planner changes between steps only
         self._refresh_status()
-        if self.engine.has_unfinished():
-            await self._step()
-        elif self.replies.has_pending:  # a failed write's outputs, with nothing else to send
-            await self._flush_sends()
-            await self.replies.send(self.redis, [])
         collect_due_garbage()  # between iterations, not inside a step or the plan round trip
+
+    async def _fetch(self, block_ms: int | None) -> tuple[Fetched[Entry], Fetched[RotationPlan]]:
+        """New request entries and plans, read at once (one wait for Redis); each read's
+        error is returned in its place, so what the other read got is still applied."""
+        entries, plans = await asyncio.gather(
+            self.intake.read(block_ms), self._read_plans(), return_exceptions=True
+        )
+        for result in (entries, plans):
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
+                raise result  # cancelled: the worker stops
+        return cast(Fetched[Entry], entries), cast(Fetched[RotationPlan], plans)
+
+    async def _apply(self, entries: Fetched[Entry], plans: Fetched[RotationPlan]) -> None:
+        """Between steps: the plans to the planner, the requests to the engine (handled entries
+        acknowledged); then a failed read's error is raised (its entries stay pending)."""
+        if not isinstance(plans, Exception):
+            self._offer_plans(plans)
+        if not isinstance(entries, Exception):
+            self._take_requests(entries)
+        await self.intake.ack()
+        for result in (entries, plans):
+            if isinstance(result, Exception):
+                raise result
 
     async def _step(self) -> None:
         self._set_b_xfer()
@@ -185,11 +219,11 @@ class Worker:
             )
         kv.set_b_xfer_blocks(budget)
 
-    async def _take_requests(self, block_ms: int | None) -> None:
-        """One batch from the request stream, entry by entry (no Redis call in between: an
-        entry that fails, poisoned or hitting a bug, is logged and skipped, never the rest),
-        then the handled ones acknowledged and deleted (:class:`Intake`)."""
-        for entry_id, fields in await self.intake.read(block_ms):
+    def _take_requests(self, entries: list[Entry]) -> None:
+        """A batch from the request stream, entry by entry (an entry that fails, poisoned or
+        hitting a bug, is logged and skipped, never the rest); the handled ones are then
+        acknowledged and deleted (:meth:`Intake.ack`)."""
+        for entry_id, fields in entries:
             try:
                 handled = self._accept(entry_id, fields)
             except Exception as exc:  # a bug on one entry: logged, acknowledged, skipped
@@ -198,7 +232,6 @@ class Worker:
                 handled = True
             if handled:
                 self.intake.done(entry_id)
-        await self.intake.ack()
 
     def _accept(self, entry_id: bytes, fields: dict[bytes, bytes]) -> bool:
         """Handle one entry; False leaves it pending (a draining worker's next incarnation
@@ -265,10 +298,9 @@ class Worker:
         )
         self.replies.reject(msg.reply_stream, error)
 
-    async def _read_plans(self) -> None:
-        """Offer the new plans to the planner (it keeps the newest made with its knobs); one
-        made with newer knobs than held has them read first (the control plane saw them
-        before this worker's heartbeat did)."""
+    async def _read_plans(self) -> list[RotationPlan]:
+        """The new plans; when one was made with newer knobs than held, those are read too
+        (the control plane saw them before this worker's heartbeat did)."""
         response: Any = await self.redis.xread({self.plans_stream: self._last_plan_id}, count=64)
         plans = []
         for entry_id, plan in stream_messages(response, RotationPlan, "malformed_plan_message"):
@@ -279,6 +311,12 @@ class Worker:
                 plans.append(plan)
         if any(plan.knobs_version > self.planner.knobs_version for plan in plans):
             await self.knobs.read()
+        return plans
+
+    def _offer_plans(self, plans: list[RotationPlan]) -> None:
+        """Between steps: the knobs read with the plans first, then the plans to the planner
+        (it keeps the newest made with its knobs)."""
+        if any(plan.knobs_version > self.planner.knobs_version for plan in plans):
             self.knobs.apply()
         for plan in plans:
             self.planner.offer(plan)
@@ -343,8 +381,15 @@ class Worker:
     async def _publish(self, result: StepResult, iteration_time_s: float) -> None:
         """Encode the step's snapshot now (it reads the engine, which the next step changes)
         and send it and the step's outputs while the next step runs: the previous send is
-        awaited first, so a Redis error surfaces here, one step later."""
-        msg_bytes = self._snapshot_bytes(result, iteration_time_s)
+        awaited first, so a Redis error surfaces here, one step later. A quiet step's snapshot
+        goes only every QUIET_SNAPSHOT_S (at one stream planning each one cost the control
+        plane ~1 ms of CPU per token, taken from the step on a two-core host)."""
+        msg_bytes = None
+        now_s = time.monotonic()
+        iteration = result.snapshot.iteration
+        if not self.planner.quiet(iteration) or now_s - self._snapshot_sent_s >= QUIET_SNAPSHOT_S:
+            msg_bytes = self._snapshot_bytes(result, iteration_time_s)
+            self._snapshot_sent_s = now_s
         await self._flush_sends()
         self._send_task = asyncio.create_task(self._send(result.outputs, msg_bytes))
 

@@ -21,7 +21,13 @@ from shared.policy.columns import (
     columnar_from_snapshot,
     columns_from_views,
 )
-from shared.policy.registry import POLICY_NAMES, PlanHandles, make_plan, plan_handles
+from shared.policy.registry import (
+    POLICY_NAMES,
+    PlanHandles,
+    make_plan,
+    nothing_to_decide,
+    plan_handles,
+)
 from shared.policy.routing import kv_usage, predicted_lag_s
 from shared.policy.types import (
     PAPER_LVF,
@@ -50,6 +56,7 @@ __all__ = [
     "columns_from_views",
     "kv_usage",
     "make_plan",
+    "nothing_to_decide",
     "plan_handles",
     "predicted_lag_s",
     "vlt_array",

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from shared.policy.columns import ColumnarSnapshot, snapshot_from_columnar
+import numpy as np
+
+from shared.policy.columns import (
+    RUNNING_CODE,
+    ColumnarSnapshot,
+    columnar_from_snapshot,
+    snapshot_from_columnar,
+)
+from shared.policy.joining import running_growth
 from shared.policy.lvf import lvf, lvf_transitions
 from shared.policy.types import Knobs, Plan, RequestView, Snapshot
 from shared.policy.vllm import priority_key, vllm
@@ -66,3 +74,18 @@ def plan_handles(snapshot: ColumnarSnapshot, knobs: Knobs) -> PlanHandles:
     groups = (plan.admit_ids, plan.resume_ids, plan.rotate_out_ids, plan.preempt_ids)
     admit, resume, rotate_out, preempt = ([seq_of[i] for i in group] for group in groups)
     return PlanHandles(admit, resume, rotate_out, preempt, plan.fcfs_fallback)
+
+
+def nothing_to_decide(snapshot: Snapshot | ColumnarSnapshot) -> bool:
+    """Whether no policy has a transition to make for ``snapshot``: every request runs with
+    its KV resident and the free HBM covers the running requests' growth this step (nothing
+    waits to be admitted or resumed, so nothing is rotated out for it, and nothing must be
+    preempted). The worker then sends no snapshot to plan (tests/shared/test_policy_properties
+    holds every policy to this)."""
+    if isinstance(snapshot, Snapshot):
+        snapshot = columnar_from_snapshot(snapshot)
+    columns = snapshot.requests
+    if not bool(np.all(columns.states == RUNNING_CODE)) or not bool(np.all(columns.resident)):
+        return False
+    running = np.arange(len(columns))
+    return snapshot.num_free_hbm_blocks >= int(running_growth(snapshot, running).sum())

@@ -79,7 +79,9 @@ async def test_the_residency_in_force_is_reported_and_survives_a_restart(
 ) -> None:
     await write_knobs(redis_client, {"policy": "lvf", "slo_ttft_s": 0.05, "slo_tbt_s": 0.01})
     seen = _record(monkeypatch)
-    settings = _worker_settings(stories_path, heartbeat_interval_s=0.05)
+    # 20 blocks: the four requests contend, so steps have something to decide and every phase
+    # plans (a step with nothing to decide plans locally and sends no snapshot to plan).
+    settings = _worker_settings(stories_path, heartbeat_interval_s=0.05, num_hbm_blocks=20)
     services = Services(redis_client, settings)
     planner = services.worker.planner
     try:

@@ -222,8 +222,10 @@ async def test_control_plane_crash_and_restart(redis_client, stories_setup, stor
     assert local_after_kill > 0  # it planned for itself while the control plane was down
     remote_before = services.worker.planner.num_remote
     services.start_control_plane()
-    await _push(redis_client, [_submit(i + 10, prompts[i]) for i in range(3)])
-    await _collect(redis_client, {f"req-{i + 10}" for i in range(3)})
+    # All the prompts again: they contend for HBM, so the steps have something to decide (a
+    # step with nothing to decide plans locally whatever the source).
+    await _push(redis_client, [_submit(i + 10, p) for i, p in enumerate(prompts)])
+    await _collect(redis_client, {f"req-{i + 10}" for i in range(len(prompts))})
     assert services.worker.planner.num_remote > remote_before  # remote plans resumed
     await services.stop()
 
@@ -289,14 +291,15 @@ async def _until(check, timeout_s: float = 10.0) -> None:
 
 async def test_knob_change_reaches_the_next_plans(redis_client, stories_path) -> None:
     await write_knobs(redis_client, {"policy": "lvf"})
-    services = Services(redis_client, _worker_settings(stories_path))
+    # 20 blocks for six 31-token requests: they contend, so each step's snapshot is planned
+    services = Services(redis_client, _worker_settings(stories_path, num_hbm_blocks=20))
     services.start_control_plane()
     await asyncio.sleep(0.3)
     with pytest.raises(ValueError, match="alpha"):
         await write_knobs(redis_client, {"alpha": "-1"})
     _, version = await write_knobs(redis_client, {"policy": "vllm"})
     t_changed = time.monotonic()
-    await _push(redis_client, [_submit(0, [1])])
+    await _push(redis_client, [_submit(i, [1]) for i in range(6)])
     plans_stream = streams.worker_plans_stream("w0")
     policy = None
     while time.monotonic() - t_changed < 5:
@@ -320,8 +323,14 @@ async def test_one_control_plane_steers_two_workers(
 ) -> None:
     prompts, offline = stories_setup
     await write_knobs(redis_client, {"policy": "lvf", "slo_ttft_s": 0.05, "slo_tbt_s": 0.01})
-    first = Services(redis_client, _worker_settings(stories_path, worker_id="w0"))
-    second = Services(redis_client, _worker_settings(stories_path, worker_id="w1"))
+    # 20 blocks each: three requests (9 blocks each by their end) contend, so the workers'
+    # steps have something to decide and plan remotely.
+    first = Services(
+        redis_client, _worker_settings(stories_path, worker_id="w0", num_hbm_blocks=20)
+    )
+    second = Services(
+        redis_client, _worker_settings(stories_path, worker_id="w1", num_hbm_blocks=20)
+    )
     first.start_control_plane()
     await _push(redis_client, [_submit(i, prompts[i]) for i in range(3)], worker_id="w0")
     await _push(redis_client, [_submit(i, prompts[i]) for i in range(3, 6)], worker_id="w1")

@@ -115,12 +115,14 @@ async def test_a_failed_snapshot_write_still_sends_the_tokens(redis_client: Redi
     worker.redis = SnapshotWritesFail(redis_client)  # type: ignore[assignment]
     worker.settings = cast(Any, SimpleNamespace(worker_id="w0"))
     worker._announced_s = None
-    worker.planner = cast(Any, SimpleNamespace(source="local"))
+    worker.planner = cast(Any, SimpleNamespace(source="local", quiet=lambda iteration: False))
+    worker._snapshot_sent_s = 0.0
     worker.replies = Replies()
     worker.replies.admit("r1", GW_A, {"worker_id": "w0"})
     worker._snapshot_bytes = lambda result, iteration_time_s: b"snapshot"  # type: ignore[method-assign]
     worker._send_task = None
-    result: Any = StepResult([RequestOutput("r1", [3, 4], 2)], snapshot=cast(Any, None))
+    snapshot = cast(Any, SimpleNamespace(iteration=1))
+    result: Any = StepResult([RequestOutput("r1", [3, 4], 2)], snapshot=snapshot)
     await worker._publish(result, 0.01)  # sent while the next step would run
     with pytest.raises(ConnectionError):  # the failed write surfaces when the send is awaited
         await worker._flush_sends()
@@ -194,12 +196,16 @@ async def test_an_idle_worker_still_sends_what_a_failed_write_left(redis_client:
     worker.settings = SimpleNamespace(idle_block_ms=50)  # type: ignore[assignment]
     reads: list[int | None] = []
 
-    async def nothing_new(block_ms: int | None = None) -> None:
+    async def nothing_new(block_ms: int | None) -> tuple[list[Any], list[Any]]:
         reads.append(block_ms)
+        return [], []
 
-    worker._take_requests = nothing_new  # type: ignore[method-assign]
+    async def nothing_to_ack() -> None:
+        pass
+
+    worker._fetch = nothing_new  # type: ignore[method-assign]
+    worker.intake = cast(Any, SimpleNamespace(ack=nothing_to_ack))
     worker.gateways = GatewayWatch(dead_s=10.0, forget_s=3600.0)
-    worker._read_plans = nothing_new  # type: ignore[method-assign,assignment]
     worker._refresh_status = lambda: None  # type: ignore[method-assign]
     worker.knobs = SimpleNamespace(seeded=True, apply=lambda: None)  # type: ignore[assignment]
     worker._send_task = None

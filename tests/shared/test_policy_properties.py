@@ -27,6 +27,7 @@ from shared.policy import (
     columnar_from_snapshot,
     columns_from_views,
     make_plan,
+    nothing_to_decide,
 )
 from shared.policy.columns import RUNNING_CODE, WAITING_CODE
 from shared.policy.joining import candidate_blocks, running_growth
@@ -266,7 +267,9 @@ def check_head_order(
 ) -> None:
     """The head takes the largest-VLT requests that fit: a candidate ranked above one that
     joined, left out, was too big, still rotating out, or a waiting request passed by a
-    resume (admission needs a chunk too)."""
+    resume (admission needs a chunk too) or, with ``deadline_lag``, by a waiting request of an
+    earlier TTFT deadline (the batch packs prefills by deadline; with ``lag_per_block`` the
+    head may rank the later one first)."""
     joined_ids = {v.request_id for v in joined}
     bs = snapshot.block_size
     left_out = [
@@ -281,7 +284,15 @@ def check_head_order(
                 c.num_blocks_hbm > 0
                 or demand_blocks(c, bs) > demand_blocks(j, bs)
                 or (c.state is RequestState.WAITING and j.state is RequestState.ROTARY)
+                or packed_first_by_deadline(j, c, knobs)
             ), (c, j)
+
+
+def packed_first_by_deadline(first: RequestView, then: RequestView, knobs: Knobs) -> bool:
+    """With ``deadline_lag``, whether waiting ``first``'s prefill packs before ``then``'s."""
+    waiting = first.state is then.state is RequestState.WAITING
+    deadline_first = first.t_arr_s + ttft_slo(first, knobs)
+    return knobs.deadline_lag and waiting and deadline_first < then.t_arr_s + ttft_slo(then, knobs)
 
 
 def check_tail_order(
@@ -349,6 +360,38 @@ def test_every_policy_makes_an_executable_plan(snapshot: Snapshot, knobs: Knobs)
         else:
             check_baseline(snapshot, name, plan)
         assert make_plan(snapshot, policy_knobs) == plan  # pure: same snapshot, same plan
+
+
+@st.composite
+def quiet_snapshots(draw: st.DrawFn) -> Snapshot:
+    """Only running, resident requests; free HBM around their growth (reference_growth)."""
+    snapshot = draw(snapshots())
+    running = tuple(
+        v._replace(resident=True) for v in snapshot.requests if v.state is RequestState.RUNNING
+    )
+    quiet = replace(snapshot, requests=running)
+    growth = sum(reference_growth(quiet).values())
+    return replace(quiet, num_free_hbm_blocks=max(0, growth + draw(st.integers(-2, 3))))
+
+
+@settings(max_examples=300, deadline=None)
+@given(snapshot=quiet_snapshots() | snapshots(), knobs=knobs_strategy)
+def test_nothing_to_decide_means_no_policy_moves_a_request(
+    snapshot: Snapshot, knobs: Knobs
+) -> None:
+    """The worker skips planning where :func:`nothing_to_decide` holds: every policy's plan
+    must then admit, resume, rotate out and preempt nobody; it holds exactly when all requests
+    run resident and the free HBM covers the reference growth."""
+    quiet = nothing_to_decide(snapshot)
+    all_resident = all(v.state is RequestState.RUNNING and v.resident for v in snapshot.requests)
+    growth = sum(reference_growth(snapshot).values())
+    assert quiet == (all_resident and snapshot.num_free_hbm_blocks >= growth)
+    if not quiet:
+        return
+    for name in POLICY_NAMES:
+        plan = make_plan(snapshot, replace(knobs, policy=name))
+        moves = (plan.admit_ids, plan.resume_ids, plan.rotate_out_ids, plan.preempt_ids)
+        assert moves == ([], [], [], []), name
 
 
 @settings(max_examples=200, deadline=None)
