@@ -70,8 +70,30 @@ def _weight(linear: Int4BlockLinear) -> _Int4Weight:
     )
 
 
+class FusedDecodeLayer:
+    """A layer's :class:`DecodeLayerArgs` with its weights, norms and shape filled once (they
+    cost ~20 us a layer to gather, 0.6 ms a step at 30 layers); each call fills in the step's
+    pointers, in a copy (concurrent steps never share one). It keeps ``weights`` alive; its
+    owner drops it when they may change."""
+
+    def __init__(self, weights: LayerWeights) -> None:
+        self.weights = weights
+        num_heads, num_kv_heads, head_dim = weights.heads
+        args = DecodeLayerArgs()
+        args.hidden = weights.qkv.in_features
+        args.intermediate = weights.down.in_features
+        args.num_heads, args.num_kv_heads, args.head_dim = num_heads, num_kv_heads, head_dim
+        args.norm1, args.norm2 = (norm.data_ptr() for norm in weights.norms)
+        args.eps, args.scale = weights.eps, head_dim**-0.5
+        args.qkv, args.o = _weight(weights.qkv), _weight(weights.o)
+        args.gate_up, args.down = _weight(weights.gate_up), _weight(weights.down)
+        args.window = weights.window or 0
+        self.args = args
+        self.plain = plain_f32(*weights.norms)
+
+
 def decode_layer(
-    weights: LayerWeights,
+    layer: FusedDecodeLayer,
     x: torch.Tensor,
     residual: torch.Tensor | None,
     rope: tuple[torch.Tensor, torch.Tensor],
@@ -86,48 +108,28 @@ def decode_layer(
     m = x.shape[0]
     if (
         found is None
+        or not layer.plain
         or not found.int4_matmul_available()
         or meta.paged is not None
         or tables is None
         or not 0 < meta.num_decodes == m < DENSE_MIN_ROWS
-        or not plain_f32(x, cache_rows, *rope, *weights.norms)
+        or x.shape[1] != layer.args.hidden
+        or not plain_f32(x, cache_rows, *rope)
         or (residual is not None and not plain_f32(residual))
         or not plain_index(tables, lens, meta.slot_rows)
     ):
         return None
-    first = residual is None
     stream = x if residual is None else residual  # the first layer's stream is the embedding
     out = torch.empty_like(x)
-    num_heads, num_kv_heads, head_dim = weights.heads
-    args = DecodeLayerArgs(
-        x.data_ptr(),
-        stream.data_ptr(),
-        out.data_ptr(),
-        int(first),
-        m,
-        x.shape[1],
-        weights.down.in_features,
-        num_heads,
-        num_kv_heads,
-        head_dim,
-        weights.norms[0].data_ptr(),
-        weights.norms[1].data_ptr(),
-        weights.eps,
-        head_dim**-0.5,
-        *(_weight(w) for w in (weights.qkv, weights.o, weights.gate_up, weights.down)),
-        rope[0].data_ptr(),
-        rope[1].data_ptr(),
-        cache_rows.data_ptr(),
-        meta.slot_rows.data_ptr(),
-        tables.data_ptr(),
-        lens.data_ptr(),
-        layer_offset,
-        meta.block_size,
-        tables.shape[1],
-        meta.rows_per_block,
-        weights.window or 0,
-        torch.get_num_threads(),
-    )
+    args = DecodeLayerArgs.from_buffer_copy(layer.args)
+    args.x, args.residual, args.out = x.data_ptr(), stream.data_ptr(), out.data_ptr()
+    args.first, args.m = int(residual is None), m
+    args.cos, args.sin = rope[0].data_ptr(), rope[1].data_ptr()
+    args.cache, args.slot_rows = cache_rows.data_ptr(), meta.slot_rows.data_ptr()
+    args.tables, args.lens = tables.data_ptr(), lens.data_ptr()
+    args.layer_offset, args.block_size = layer_offset, meta.block_size
+    args.width, args.rows_per_block = tables.shape[1], meta.rows_per_block
+    args.num_threads = torch.get_num_threads()
     status = found.decode_layer(ctypes.byref(args))
     if status == -2:
         raise MemoryError("decode_layer: no memory for its workspace")

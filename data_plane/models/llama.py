@@ -11,7 +11,7 @@ from torch.overrides import TorchFunctionMode
 
 from data_plane.models.attention import AttentionMetadata, paged_attention, write_kv
 from data_plane.models.config import ModelConfig, rope_inv_freq
-from data_plane.models.cpu_decode_layer import LayerWeights, decode_layer
+from data_plane.models.cpu_decode_layer import FusedDecodeLayer, LayerWeights, decode_layer
 from data_plane.models.cpu_kernels import rms_norm as cpu_rms_norm
 from data_plane.models.cpu_kernels import rope_write_kv as cpu_rope_write_kv
 from data_plane.models.dense import DenseLinear
@@ -98,6 +98,8 @@ class DecoderLayer(nn.Module):
         # bfloat16 when both MLP matmuls are quantized (their kernels compute in bfloat16), so
         # that SiLU and the product run on what the kernels return, with no casts between.
         self.mlp_dtype: torch.dtype | None = None
+        # The fused CPU decode kernel's view of this layer, with the modules it was built from
+        self._fused: tuple[tuple[nn.Module, ...], FusedDecodeLayer] | None = None
 
     def forward(
         self,
@@ -113,9 +115,9 @@ class DecoderLayer(nn.Module):
         norm). ``residual`` None: ``x`` is the embedding, the stream's start."""
         if meta.paged is not None:
             return self._forward_paged(x, residual, rope, cache_rows, layer_offset, meta)
-        weights = self._int4_weights()
-        if weights is not None:
-            fused = decode_layer(weights, x, residual, rope, cache_rows, layer_offset, meta)
+        layer = self._fused_layer()
+        if layer is not None:
+            fused = decode_layer(layer, x, residual, rope, cache_rows, layer_offset, meta)
             if fused is not None:
                 return fused
         n = x.shape[0]
@@ -161,19 +163,32 @@ class DecoderLayer(nn.Module):
         mlp = self.down_proj(silu_and_mul(self.gate_up_proj(h)))
         return mlp.to(residual.dtype), residual
 
-    def _int4_weights(self) -> LayerWeights | None:
-        """This layer's weights for the fused CPU decode kernel, where all four matmuls are
-        int4 in its layout (read from the modules at each call: loaders swap them)."""
-        linears = (self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj)
-        if not all(isinstance(linear, Int4BlockLinear) for linear in linears):
+    def _fused_layer(self) -> FusedDecodeLayer | None:
+        """This layer for the fused CPU decode kernel, where all four matmuls are int4 in its
+        layout. Built once and kept while the same six modules are in place (loaders swap
+        them: checked at each call); :meth:`_apply` (``to``, ``float``, ...) drops it."""
+        modules = (self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj)
+        norms = (self.input_layernorm, self.post_attention_layernorm)
+        kept = self._fused
+        if kept is not None and kept[0] == (*modules, *norms):  # identity: Module eq is `is`
+            return kept[1]
+        self._fused = None
+        if not all(isinstance(linear, Int4BlockLinear) for linear in modules):
             return None
-        return LayerWeights(
-            *linears,  # type: ignore[arg-type]
-            norms=(self.input_layernorm.weight, self.post_attention_layernorm.weight),
-            eps=self.input_layernorm.eps,
+        weights = LayerWeights(
+            *modules,  # type: ignore[arg-type]
+            norms=(norms[0].weight, norms[1].weight),
+            eps=norms[0].eps,
             heads=(self.num_heads, self.num_kv_heads, self.head_dim),
             window=self.sliding_window,
         )
+        layer = FusedDecodeLayer(weights)
+        self._fused = ((*modules, *norms), layer)
+        return layer
+
+    def _apply(self, fn: Any, recurse: bool = True) -> DecoderLayer:
+        self._fused = None  # tensors may move or change dtype: gathered again at the next call
+        return super()._apply(fn, recurse)
 
     def _rope_write_kv(
         self,

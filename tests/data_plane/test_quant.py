@@ -358,3 +358,28 @@ def test_smollm_decode_steps_within_tolerance_of_transformers(
     assert error.mean().item() <= 0.06 and error.max().item() <= 0.3  # the continuation's bound
     if cpu_kernels.int4_available():
         assert calls["fused"] == 30 * 23  # every layer of every decode step (the first: prefill)
+
+
+def test_the_fused_layer_is_kept_until_its_modules_change(
+    smollm_quantized: tuple[Any, Path],
+) -> None:
+    """The fused decode kernel's view of a layer (its weights' pointers, gathered once) is
+    reused while the same modules are in place, gathered again after ``_apply`` (``to``,
+    ``float``: tensors may move) and refused once a matmul is not int4 any more."""
+    from data_plane.models.dense import DenseLinear
+
+    loaded, _ = smollm_quantized
+    layer = loaded.model.layers[0]
+    first = layer._fused_layer()
+    assert first is not None and layer._fused_layer() is first
+    layer.float()
+    second = layer._fused_layer()
+    assert second is not None and second is not first
+    int4 = layer.o_proj
+    try:
+        layer.o_proj = DenseLinear(int4.in_features, int4.out_features, bias=False)
+        assert layer._fused_layer() is None
+    finally:
+        layer.o_proj = int4
+    third = layer._fused_layer()
+    assert third is not None and third.args.o.codes == int4.codes.data_ptr()
