@@ -454,6 +454,29 @@ def test_deadline_lag_packs_a_tight_class_prefill_first() -> None:
     assert make_plan(same_class, LVF).schedule == [ScheduledChunk("batch", 64)]  # unchanged
 
 
+def test_deadline_lag_packs_a_prefill_past_its_deadline_last() -> None:
+    """Token budget 64: a batch prompt 31 s old (deadline 30 s: missed, no token yet) and an
+    interactive one 1.5 s old (deadline 2 s). By deadline alone the batch one would go first;
+    its TTFT is lost already, so the interactive chunk packs first. A batch prompt still due
+    (in 0.2 s, before the interactive one) goes first."""
+
+    def prefill(rid: str, t_arr: float, num_tokens: int, slo_ttft: float) -> RequestView:
+        return RequestView(
+            rid, RequestState.RUNNING, t_arr_s=t_arr, num_tokens=num_tokens,
+            num_blocks_hbm=-(-num_tokens // BS), t_run_s=t_arr, slo_ttft_s=slo_ttft,
+        )  # fmt: skip
+
+    batch = prefill("batch", T_NOW - 31.0, 200, 30.0)
+    interactive = prefill("interactive", T_NOW - 1.5, 32, 2.0)
+    snapshot = snap(batch, interactive, free=0, budget=64)
+    assert make_plan(snapshot, LVF).schedule == [
+        ScheduledChunk("interactive", 32),
+        ScheduledChunk("batch", 32),
+    ]
+    on_time = snap(batch._replace(t_arr_s=T_NOW - 29.8), interactive, free=0, budget=64)
+    assert make_plan(on_time, LVF).schedule == [ScheduledChunk("batch", 64)]  # earliest deadline
+
+
 def test_residency_yields_to_a_lagging_tighter_class() -> None:
     """A batch request resident for 0.3 s (guard 0.5 s) is spared for a waiting request of its
     own class, but not for a lagging interactive one (residency_yields_to_tighter)."""

@@ -268,8 +268,8 @@ def check_head_order(
     """The head takes the largest-VLT requests that fit: a candidate ranked above one that
     joined, left out, was too big, still rotating out, or a waiting request passed by a
     resume (admission needs a chunk too) or, with ``deadline_lag``, by a waiting request of an
-    earlier TTFT deadline (the batch packs prefills by deadline; with ``lag_per_block`` the
-    head may rank the later one first)."""
+    earlier TTFT deadline or one not yet missed (the batch packs prefills by deadline, missed
+    ones last; with ``lag_per_block`` the head may rank the other first)."""
     joined_ids = {v.request_id for v in joined}
     bs = snapshot.block_size
     left_out = [
@@ -284,15 +284,23 @@ def check_head_order(
                 c.num_blocks_hbm > 0
                 or demand_blocks(c, bs) > demand_blocks(j, bs)
                 or (c.state is RequestState.WAITING and j.state is RequestState.ROTARY)
-                or packed_first_by_deadline(j, c, knobs)
+                or packed_first_by_deadline(j, c, knobs, snapshot.t_now_s)
             ), (c, j)
 
 
-def packed_first_by_deadline(first: RequestView, then: RequestView, knobs: Knobs) -> bool:
-    """With ``deadline_lag``, whether waiting ``first``'s prefill packs before ``then``'s."""
-    waiting = first.state is then.state is RequestState.WAITING
-    deadline_first = first.t_arr_s + ttft_slo(first, knobs)
-    return knobs.deadline_lag and waiting and deadline_first < then.t_arr_s + ttft_slo(then, knobs)
+def packed_first_by_deadline(
+    first: RequestView, then: RequestView, knobs: Knobs, t_now_s: float
+) -> bool:
+    """With ``deadline_lag``, whether waiting ``first``'s prefill may pack before ``then``'s:
+    by TTFT deadline, a deadline already missed without a first token last."""
+    if not (knobs.deadline_lag and first.state is then.state is RequestState.WAITING):
+        return False
+    keys = [
+        (view.t_last_s is None and deadline < t_now_s, deadline)
+        for view in (first, then)
+        for deadline in [view.t_arr_s + ttft_slo(view, knobs)]
+    ]
+    return keys[0] < keys[1]
 
 
 def check_tail_order(
