@@ -6,16 +6,20 @@ their TPOT SLO (DistServe's goodput; ``superinfer bench --capacity``). The setup
 bench/e2e_compare.py's (``superinfer serve`` with a small model and KV pools sized so that
 requests contend for HBM, one SLO class, the policy switched through ``PUT /admin/v1/knobs``,
 the worker on one torch thread, a CPU cost profile fitted by ``superinfer profile`` and
-calibrated for the serving loop before and after the served runs). Served: for each policy a
-crossing search (lab/crossing.py) whose every probe is a whole ``superinfer bench`` run of
-``--probe-duration`` seconds at the rate it picks, from ``--rps``; simulated: the same search
-over the simulator with each calibrated profile. The same trace and seed everywhere.
+calibrated for the serving loop before and after the served runs). Served: for each policy
+and each of ``--seeds`` seeds of arrivals a crossing search (lab/crossing.py) whose every probe
+is a whole ``superinfer bench`` run of ``--probe-duration`` seconds at the rate it picks, from
+``--rps``; the searches advance in lock step, seed by seed, vllm and lvf alternated (A, B, B,
+A, ...), the load average printed with each probe. Simulated: the same searches over the
+simulator with each calibrated profile. The same trace and seeds everywhere.
 
-    .venv/bin/python bench/e2e_capacity.py [--rps 3.5 --probe-duration 20 ...] [--out DIR]
+    .venv/bin/python bench/e2e_capacity.py [--seeds 3 --rps 3.5 --probe-duration 20 ...] [--out DIR]
 
-Ends with ``RESULT e2e_capacity served_vllm=... served_lvf=... served_ratio=... sim_ratio=...
-sim_ratio_after=... agree=...`` (``agree``: lvf/vllm is on the same side of 1.0 served and in
-both simulations, or within ``--capacity-tol`` of 1.0 in all).
+Ends with ``RESULT e2e_capacity served_vllm=... served_lvf=... served_ratio=... (with _lo/_hi)
+sim_ratio=... sim_ratio_after=... served_side=... agree=...``: each ratio is the sum of lvf's
+capacities over the seeds / vllm's with a bootstrap 95 % interval paired by seed; its side is
++1 when the whole interval lies above 1.0, -1 below, 0 when it holds 1.0 (``served_side``);
+``agree``: served and both simulations on the same side.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -46,9 +50,8 @@ from bench.e2e_compare import (  # noqa: E402
 from lab.costmodel import load_profile  # noqa: E402
 from lab.crossing import CAPACITY_METRIC, CAPACITY_TARGET, CrossingSearch  # noqa: E402
 from lab.sim.sweep import SweepJob, run_sweep  # noqa: E402
+from lab.stats import Interval, mean_interval, ratio_interval  # noqa: E402
 from shared.policy import Knobs  # noqa: E402
-
-Probe = tuple[float, float]
 
 
 def parse_args() -> argparse.Namespace:
@@ -57,40 +60,66 @@ def parse_args() -> argparse.Namespace:
     add = parser.add_argument
     add("--probe-duration", type=float, default=20.0, help="seconds of arrivals per probe")
     add("--capacity-tol", type=float, default=1.25, help="stop when hi/lo <= this")
+    add("--seeds", type=int, default=3, help="seeds of arrivals per policy (searched apart)")
     return parser.parse_args()
 
 
-def search(start: float, tol: float, metric_at: Any, label: str) -> CrossingSearch:
-    """A crossing search of ``CAPACITY_TARGET`` whose probe at a rate is ``metric_at(rate)``."""
-    found = CrossingSearch(start, CAPACITY_TARGET, tol=tol)
-    while (rate := found.next_rate()) is not None:
-        value = metric_at(rate)
-        found.probes.append((rate, value))
-        print(f"  {label:28s} {rate:7.3f} req/s: {100 * value:5.1f} % within both", flush=True)
-    return found
+Key = tuple[str, int]  # policy, seed
+
+
+def lockstep(
+    args: argparse.Namespace, metric_at: Callable[[str, int, float], float], label: str
+) -> dict[Key, CrossingSearch]:
+    """One crossing search of ``CAPACITY_TARGET`` per policy and seed, advanced in lock step:
+    each round probes every unfinished search once (``metric_at(policy, seed, rate)``), seed
+    by seed, the policies' order reversed every other probe (A, B, B, A, ...) so that a drift
+    of the host's load falls on both."""
+    keys = [(policy, seed) for seed in seeds(args) for policy in POLICIES]
+    found = {key: CrossingSearch(args.rps, CAPACITY_TARGET, tol=args.capacity_tol) for key in keys}
+    turn = 0
+    while True:
+        todo = [(key, rate) for key in keys if (rate := found[key].next_rate()) is not None]
+        if not todo:
+            return found
+        pairs = [todo[i : i + 2] for i in range(0, len(todo), 2)]
+        for pair in pairs:
+            for (policy, seed), rate in pair if turn % 2 == 0 else pair[::-1]:
+                value = metric_at(policy, seed, rate)
+                found[(policy, seed)].probes.append((rate, value))
+                print(
+                    f"  {label} {policy:5s} seed {seed} {rate:7.3f} req/s: "
+                    f"{100 * value:5.1f} % within both (load {os.getloadavg()[0]:.2f})",
+                    flush=True,
+                )
+            turn += 1
+
+
+def seeds(args: argparse.Namespace) -> list[int]:
+    return list(range(args.seed, args.seed + args.seeds))
 
 
 def served_capacity(
     args: argparse.Namespace, out: Path, engine_profile: Path
-) -> tuple[dict[str, CrossingSearch], dict[str, Path]]:
+) -> tuple[dict[Key, CrossingSearch], dict[str, Path]]:
     url = f"http://127.0.0.1:{args.port}"
     server = start_server(args, out / "serve.log")
     try:
         admin_put(url, "slo-classes", {SLO_CLASS: {"ttft_s": args.ttft_slo, "tbt_s": args.tbt_slo}})
         bench(args, url, None, 4)  # warm-up: first-call costs of torch, the gateway, Redis
         profiles = {"before": calibrate(args, url, engine_profile, out, "before")[0]}
-        found = {}
-        for policy in POLICIES:
-            switch_policy(url, policy)
+        current = [""]
 
-            def probe(rate: float) -> float:
-                at = argparse.Namespace(
-                    **{**vars(args), "rps": rate, "duration": args.probe_duration}
-                )
-                row = bench(at, url, None, None)["results"][0]
-                return float(row[CAPACITY_METRIC] or 0.0)
+        def probe(policy: str, seed: int, rate: float) -> float:
+            if policy != current[0]:
+                switch_policy(url, policy)
+                current[0] = policy
+            at = argparse.Namespace(
+                **{**vars(args), "rps": rate, "duration": args.probe_duration, "seed": seed}
+            )
+            row = bench(at, url, None, None)["results"][0]
+            return float(row[CAPACITY_METRIC] or 0.0)
 
-            found[policy] = search(args.rps, args.capacity_tol, probe, f"served {policy}")
+        found = lockstep(args, probe, "served")
         profiles["after"] = calibrate(args, url, engine_profile, out, "after")[0]
         return found, profiles
     finally:
@@ -98,32 +127,40 @@ def served_capacity(
         server.wait(timeout=60)
 
 
-def simulated_capacity(args: argparse.Namespace, profile: Path, tag: str) -> dict[str, Any]:
+def simulated_capacity(
+    args: argparse.Namespace, profile: Path, tag: str
+) -> dict[Key, CrossingSearch]:
     setup = sim_setup(args, load_profile(profile))
     knobs = Knobs(slo_ttft_s=args.ttft_slo, slo_tbt_s=args.tbt_slo)
-    found = {}
-    for policy in POLICIES:
 
-        def probe(rate: float, policy: str = policy) -> float:
-            job = SweepJob(
-                args.trace, rate, args.probe_duration, policy, knobs, setup, args.burstiness,
-                args.seed,
-            )  # fmt: skip
-            ((row, _),) = run_sweep([job])
-            return float(row[CAPACITY_METRIC])
+    def probe(policy: str, seed: int, rate: float) -> float:
+        job = SweepJob(
+            args.trace, rate, args.probe_duration, policy, knobs, setup, args.burstiness, seed
+        )
+        ((row, _),) = run_sweep([job])
+        return float(row[CAPACITY_METRIC])
 
-        found[policy] = search(args.rps, args.capacity_tol, probe, f"sim ({tag}) {policy}")
-    return found
+    return lockstep(args, probe, f"sim ({tag})")
 
 
-def ratio(found: dict[str, CrossingSearch]) -> float:
-    vllm = found["vllm"].capacity()
-    return found["lvf"].capacity() / vllm if vllm > 0 else float("inf")
+def by_policy(found: dict[Key, CrossingSearch]) -> dict[str, list[float]]:
+    """Each policy's capacity per seed (req/s, seeds in order)."""
+    out: dict[str, list[float]] = {}
+    for (policy, _), search in found.items():
+        out.setdefault(policy, []).append(search.capacity())
+    return out
 
 
-def side(value: float, tol: float) -> int:
-    """+1 above 1.0, -1 below, 0 within ``tol`` of it (a tie at the search's resolution)."""
-    return 0 if 1 / tol <= value <= tol else (1 if value > 1 else -1)
+def ratio(found: dict[Key, CrossingSearch]) -> Interval:
+    """lvf / vllm: the sum of lvf's capacities over the seeds / vllm's, with a bootstrap 95 %
+    interval paired by seed."""
+    caps = by_policy(found)
+    return ratio_interval(caps["lvf"], caps["vllm"])
+
+
+def side(value: Interval) -> int:
+    """+1 when the ratio's whole interval lies above 1.0, -1 below, 0 when it holds 1.0."""
+    return 1 if value.lo > 1.0 else (-1 if value.hi < 1.0 else 0)
 
 
 def main() -> int:
@@ -136,25 +173,45 @@ def main() -> int:
     sims = {tag: simulated_capacity(args, path, tag) for tag, path in profiles.items()}
     sources = {"served": served, **{f"sim ({tag})": found for tag, found in sims.items()}}
     document = {
-        name: {p: {"capacity_rps": s.capacity(), "probes": s.probes} for p, s in found.items()}
+        name: {
+            f"{policy} s{seed}": {"capacity_rps": s.capacity(), "probes": s.probes}
+            for (policy, seed), s in found.items()
+        }
         for name, found in sources.items()
     }
     (out / "e2e_capacity.json").write_text(
         json.dumps({"args": vars(args), **document}, indent=2) + "\n", encoding="utf-8"
     )
     for name, found in sources.items():
-        caps = "  ".join(f"{p} {found[p].capacity():.3f}" for p in POLICIES)
-        print(f"{name:16s} capacity req/s: {caps}  lvf/vllm {ratio(found):.3f}")
-    sides = {side(ratio(found), args.capacity_tol) for found in sources.values()}
-    agree = len(sides) == 1
+        caps = by_policy(found)
+        parts = [f"{p} {mean_interval(caps[p]).value:.3f} ({_seeds(caps[p])})" for p in POLICIES]
+        r = ratio(found)
+        print(
+            f"{name:12s} req/s: {'  '.join(parts)}  lvf/vllm {r.value:.3f} [{r.lo:.3f}, {r.hi:.3f}]"
+        )
+    sides = {name: side(ratio(found)) for name, found in sources.items()}
     print(f"outputs in {out}; host load average at the end: {os.getloadavg()[0]:.2f} (1 min)")
+    served_caps = by_policy(served)
+    fields = {
+        "served_vllm": mean_interval(served_caps["vllm"]).value,
+        "served_lvf": mean_interval(served_caps["lvf"]).value,
+        **ratio(served).fields("served_ratio"),
+        **ratio(sims["before"]).fields("sim_ratio"),
+        **ratio(sims["after"]).fields("sim_ratio_after"),
+        "served_side": sides["served"],
+        "agree": int(len(set(sides.values())) == 1),
+    }
     print(
-        "RESULT e2e_capacity"
-        f" served_vllm={served['vllm'].capacity():.3f} served_lvf={served['lvf'].capacity():.3f}"
-        f" served_ratio={ratio(served):.3f} sim_ratio={ratio(sims['before']):.3f}"
-        f" sim_ratio_after={ratio(sims['after']):.3f} agree={int(agree)}"
+        "RESULT e2e_capacity "
+        + " ".join(
+            f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items()
+        )
     )
     return 0
+
+
+def _seeds(values: list[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,14 @@ Jain's index of those ratios, 1.0 when every tenant gets its fair share. Judgmen
 total goodput >= 0.95x fairness off. Means over seeds with percentile-bootstrap 95 %
 intervals (lab/stats.py); a judgment passes when its whole interval does.
 
+Also printed per seed and in the RESULT (``light_entitled``): the share of what the light
+tenants got alone that max-min fairness entitles them to beside the heavy tenant (1.0: all of
+it). Where it is under 1.0 the light tenants alone already need more than an equal share of
+the window's service, and holding them to their attainment alone would take service from the
+heavy tenant below its fair share: that seed's light-tenant judgment asks for unfairness.
+
 The last line: ``RESULT fairness jain=... jain_unfair=... light_ttft_delta_pts=...
-goodput_ratio=...`` (worst over the two rates, each with ``_lo``/``_hi``).
+goodput_ratio=... light_entitled=...`` (worst over the two rates, each with ``_lo``/``_hi``).
 
     .venv/bin/python bench/fairness.py [--seeds 5] [--workers 2] [--duration 40]
 """
@@ -44,6 +50,7 @@ from bench.fairness_measure import (
     TenantRun,
     jain,
     light_attainment,
+    light_entitlement,
     tenant_shares,
 )
 from lab.costmodel import load_profile
@@ -120,6 +127,11 @@ def judge_rate(runs: dict[str, TenantRun], factor: float, seeds: Sequence[int]) 
     deltas = [
         100 * (light_attainment(f) - light_attainment(a)) for f, a in zip(fair, alone, strict=True)
     ]
+    for seed, delta, f, a in zip(seeds, deltas, fair, alone, strict=True):
+        print(
+            f"  {tag} seed {seed}: light tenants {delta:+.1f} pts vs alone; max-min fairness "
+            f"entitles them to {light_entitlement(f, a):.3f} of what they got alone"
+        )
     return {
         "jain": mean_interval(
             [jain(tenant_shares(r, a)) for r, a in zip(fair, alone, strict=True)]
@@ -128,6 +140,9 @@ def judge_rate(runs: dict[str, TenantRun], factor: float, seeds: Sequence[int]) 
             [jain(tenant_shares(r, a)) for r, a in zip(unfair, alone, strict=True)]
         ),
         "light_ttft_delta_pts": mean_interval(deltas),
+        "light_entitled": mean_interval(
+            [light_entitlement(f, a) for f, a in zip(fair, alone, strict=True)]
+        ),
         "goodput_ratio": ratio_interval(
             [r.row["goodput_rps"] for r in fair], [r.row["goodput_rps"] for r in unfair]
         ),
@@ -169,6 +184,9 @@ def report(by_rate: dict[float, dict]) -> dict[str, float]:
     )
     out |= min((f["goodput_ratio"] for f in by_rate.values()), key=lambda i: i.value).fields(
         "goodput_ratio"
+    )
+    out |= min((f["light_entitled"] for f in by_rate.values()), key=lambda i: i.value).fields(
+        "light_entitled"
     )
     return out
 

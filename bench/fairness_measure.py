@@ -99,17 +99,35 @@ def max_min_shares(demand: Mapping[str, float], total: float) -> dict[str, float
     return shares
 
 
-def tenant_shares(run: TenantRun, alone: TenantRun | None = None) -> list[float]:
-    """Each tenant's window service over its max-min fair share. A tenant in ``alone`` (a run
-    of the same arrivals without the others) demands what it got there: the tokens of its
-    requests that arrive late in the window cannot all be computed before the window ends,
-    by anyone's scheduler."""
+def fair_shares(
+    run: TenantRun, alone: TenantRun | None = None
+) -> tuple[dict[str, float], dict[str, float]]:
+    """(demand, max-min fair share) per tenant with a demand, of the window's total service in
+    ``run``. A tenant in ``alone`` (a run of the same arrivals without the others) demands what
+    it got there: the tokens of its requests that arrive late in the window cannot all be
+    computed before the window ends, by anyone's scheduler."""
     demand = dict(run.demand)
     if alone is not None:
         demand |= {t: min(demand.get(t, 0.0), alone.service.get(t, 0.0)) for t in alone.demand}
-    tenants = [t for t in demand if demand[t] > 0]
-    shares = max_min_shares({t: demand[t] for t in tenants}, sum(run.service.values()))
-    return [run.service.get(t, 0.0) / shares[t] for t in tenants if shares[t] > 0]
+    demand = {t: d for t, d in demand.items() if d > 0}
+    return demand, max_min_shares(demand, sum(run.service.values()))
+
+
+def tenant_shares(run: TenantRun, alone: TenantRun | None = None) -> list[float]:
+    """Each tenant's window service over its max-min fair share (:func:`fair_shares`)."""
+    _, shares = fair_shares(run, alone)
+    return [run.service.get(t, 0.0) / share for t, share in shares.items() if share > 0]
+
+
+def light_entitlement(run: TenantRun, alone: TenantRun) -> float:
+    """The share of what the light tenants got alone that max-min fairness entitles them to in
+    ``run`` (their fair shares / their demands; 1.0: all of it). Under 1.0 the window's service
+    cannot give every light tenant what it got alone without giving the heavy tenant less than
+    an equal share: holding the light tenants to their attainment alone is then not fair."""
+    demand, shares = fair_shares(run, alone)
+    light = [t for t in demand if t.startswith(LIGHT_PREFIX)]
+    wanted = sum(demand[t] for t in light)
+    return sum(shares[t] for t in light) / wanted if wanted > 0 else 1.0
 
 
 def jain(values: Sequence[float]) -> float:

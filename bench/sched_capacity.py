@@ -7,19 +7,31 @@ Every policy is searched on the same seeds (the same arrivals at a given rate), 
 by 1.5 until bracketed and bisecting to ``tol``. The headline per trace and profile is the
 capacity ratio lvf / vllm: sum of lvf's capacities over the seeds / sum of vllm's, with a
 percentile-bootstrap 95 % interval over the seeds (``lab/stats.py``, paired by seed).
+
+Ceilings (``--ceilings``): two what-if variants searched on the same seeds, printed as ratios
+to vllm beside the headline: ``lvf-free-link`` (lvf with the host link ``FREE_LINK_SCALE``
+times faster: what SLO-aware rotation reaches when moving KV costs nothing) and
+``vllm-ample-hbm`` (vllm with ``AMPLE_HBM_GIB`` of HBM: the capacity memory takes from it).
+Rotation does not raise decode throughput (every decoded token's KV must sit in HBM, so the
+HBM bounds the batch whatever the order): where even the free-link ceiling stays under a
+target, what is missing is throughput, not link time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from bench.sched_judge import AMPLE_HBM_GIB
+from lab.costmodel import with_link_scale
 from lab.crossing import CAPACITY_METRIC, CAPACITY_TARGET, CrossingSearch
 from lab.sim.capacity import run_searches
 from lab.sim.sweep import SweepJob
 from lab.stats import Interval, mean_interval, ratio_interval
 
+FREE_LINK_SCALE = 1000.0  # 51 TB/s each way on the h200: a rotation's copies take ~no time
+CEILINGS = ("lvf-free-link", "vllm-ample-hbm")
 START_X_KNEE = 0.7
 START_STEP = 1.5
 CapKey = tuple[str, str, str, int]  # trace, profile, policy, seed
@@ -45,6 +57,17 @@ class CapacityCell:
         return f"{self.workload}_{self.profile.split('-')[0]}".replace("-", "_")
 
 
+def ceiling_job(job: SweepJob) -> SweepJob:
+    """``job`` as its ceiling variant when its label names one (``CEILINGS``); else ``job``."""
+    setup = job.setup
+    if job.label == "lvf-free-link":
+        setup = replace(setup, profile=with_link_scale(setup.profile, FREE_LINK_SCALE))
+        return replace(job, policy="lvf", setup=setup)
+    if job.label == "vllm-ample-hbm":
+        return replace(job, policy="vllm", setup=replace(setup, hbm_kv_gib=AMPLE_HBM_GIB))
+    return job
+
+
 def run_capacity(
     cells: Sequence[tuple[str, str, float]],
     policies: Sequence[str],
@@ -65,6 +88,9 @@ def run_capacity(
 
     def job(key: CapKey, rate: float) -> SweepJob:
         name, profile, policy, seed = key
+        if policy in CEILINGS:
+            base = make_job(name, profile, rate, policy.split("-")[0], seed)
+            return ceiling_job(replace(base, label=policy))
         return make_job(name, profile, rate, policy, seed)
 
     def show(key: CapKey, rate: float, row: dict[str, Any]) -> None:
@@ -95,18 +121,24 @@ def print_capacity(cells: Sequence[CapacityCell]) -> None:
             iv = c.capacity(policy)
             parts.append(f"{policy} {iv.value:.3g} [{iv.lo:.3g}, {iv.hi:.3g}]")
         line = f"{c.workload:12s} {c.profile:16s} " + "  ".join(parts)
-        if {"lvf", "vllm"} <= set(c.by_policy):
-            r = c.ratio()
-            line += f"  lvf/vllm {r.value:.2f}x [{r.lo:.2f}, {r.hi:.2f}]"
+        for policy in ("lvf", *CEILINGS):
+            if {policy, "vllm"} <= set(c.by_policy):
+                r = c.ratio(policy)
+                line += f"  {policy}/vllm {r.value:.2f}x [{r.lo:.2f}, {r.hi:.2f}]"
         print(line)
 
 
 def capacity_fields(cells: Sequence[CapacityCell]) -> dict[str, float]:
-    """``capacity_ratio_<trace>_<gpu>`` with ``_lo`` / ``_hi`` for the RESULT line."""
+    """``capacity_ratio_<trace>_<gpu>`` with ``_lo`` / ``_hi`` for the RESULT line, and with
+    ``--ceilings`` ``capacity_free_link_<...>`` and ``capacity_ample_hbm_<...>`` (ratios to
+    vllm)."""
     out: dict[str, float] = {}
+    names = {"lvf": "capacity_ratio", "lvf-free-link": "capacity_free_link"}
+    names["vllm-ample-hbm"] = "capacity_ample_hbm"
     for c in cells:
-        if {"lvf", "vllm"} <= set(c.by_policy):
-            out |= c.ratio().fields(f"capacity_ratio_{c.key()}")
+        for policy, name in names.items():
+            if {policy, "vllm"} <= set(c.by_policy):
+                out |= c.ratio(policy).fields(f"{name}_{c.key()}")
     return out
 
 

@@ -119,6 +119,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.sched_capacity import (
+    CEILINGS,
     CapacityCell,
     capacity_fields,
     capacity_json,
@@ -335,7 +336,8 @@ def capacity_cells(
     def job(name: str, profile: str, rps: float, policy: str, seed: int) -> SweepJob:
         return make_job(by_name[name], profile, rps, policy, args, seed=seed)
 
-    return run_capacity(cells, MAIN_POLICIES, seeds(args), tol, job, args.workers)
+    policies = (*MAIN_POLICIES, *CEILINGS) if args.ceilings else MAIN_POLICIES
+    return run_capacity(cells, policies, seeds(args), tol, job, args.workers)
 
 
 def sweep_rates(knee: float, quick: bool) -> list[tuple[float, float]]:
@@ -675,6 +677,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     add("--capacity-only", action="store_true", help="only the knees and the capacity searches")
     add(
+        "--ceilings",
+        action="store_true",
+        help="the capacity searches also run lvf with a free host link and vllm with ample HBM",
+    )
+    add(
         "--hawkes",
         type=float,
         default=0.0,
@@ -726,6 +733,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--seeds must be >= 1, got {args.seeds}")
     if args.capacity_only and not args.capacity:
         parser.error("--capacity-only and --no-capacity contradict each other")
+    if args.ceilings and not args.capacity:
+        parser.error("--ceilings are capacity searches: not with --no-capacity")
     args.ablation = not args.quick if args.ablation is None else args.ablation
     return args
 

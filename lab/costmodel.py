@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -202,6 +202,22 @@ def auto_b_xfer_blocks(profile: CostProfile, predicted_iteration_s: float, block
     """
     rate = min(profile.link_h2d_bytes_s, profile.link_d2h_bytes_s)
     return b_xfer_blocks_at_rate(rate, predicted_iteration_s, block_bytes)
+
+
+def with_link_scale(profile: CostProfile, factor: float) -> CostProfile:
+    """``profile`` with its host link ``factor`` times faster each way and duplex (a what-if:
+    ``superinfer simulate --link-scale``, bench/sched_compare.py's free-link ceiling)."""
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"link scale must be a finite number > 0, got {factor!r}")
+    if factor == 1.0:
+        return profile
+    return replace(
+        profile,
+        name=f"{profile.name} (link x{factor:g})",
+        link_h2d_bytes_s=profile.link_h2d_bytes_s * factor,
+        link_d2h_bytes_s=profile.link_d2h_bytes_s * factor,
+        link_duplex_bytes_s=profile.link_duplex_bytes_s * factor,
+    )
 
 
 def builtin_profile_names() -> list[str]:

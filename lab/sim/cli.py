@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lab.costmodel import load_profile
+from lab.costmodel import load_profile, with_link_scale
 from lab.sim.setup import SimSetup
 from lab.sim.simulator import ProgressFn
 from lab.sim.sweep import SweepJob, run_sweep
@@ -32,6 +32,12 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     add("--duration", type=float, default=120.0, help="seconds of arrivals (default 120)")
     add("--policies", default="vllm,lvf", help=f"comma-separated: {', '.join(POLICY_NAMES)}")
     add("--profile", default="h200-llama3-8b", help="cost profile name or JSON path")
+    add(
+        "--link-scale",
+        type=float,
+        default=1.0,
+        help="what-if: the profile's host link this many times faster (default 1)",
+    )
     add("--hbm-kv-gib", type=float, default=16.0, help="HBM KV pool (GiB)")
     add("--dram-kv-gib", type=float, default=128.0, help="host DRAM KV pool (GiB); 0 = none")
     add("--burstiness", type=float, default=1.0, help="gamma shape of generated gaps (1=Poisson)")
@@ -126,7 +132,7 @@ def build_jobs(args: argparse.Namespace) -> tuple[list[SweepJob], dict[str, Any]
     if args.paper_lvf:
         knobs = dataclasses.replace(knobs, **PAPER_LVF)
     setup = SimSetup(
-        load_profile(args.profile),
+        with_link_scale(load_profile(args.profile), args.link_scale),
         args.hbm_kv_gib,
         args.dram_kv_gib,
         _parse_b_xfer(args.b_xfer),
@@ -195,6 +201,7 @@ def _config(
         "horizon",
         "hbm_kv_gib",
         "dram_kv_gib",
+        "link_scale",
     )
     config: dict[str, Any] = {key: getattr(args, key) for key in keys}
     config.update(

@@ -12,6 +12,7 @@ from bench.fairness_measure import (
     TenantRun,
     jain,
     light_attainment,
+    light_entitlement,
     max_min_shares,
     tenant_shares,
     window_service,
@@ -57,6 +58,19 @@ def test_window_service_and_shares() -> None:
     assert tenant_shares(run) == pytest.approx([1.0, 1.0])
     alone = TenantRun.of("a", trace[2:], timelines[2:], {"goodput_rps": 1.0}, 10.0)
     assert tenant_shares(run, alone) == pytest.approx([1.0, 1.0])
+
+
+def test_light_entitlement_is_the_fair_share_of_what_they_got_alone() -> None:
+    trace = [TraceRequest(0.0, 98, 2, tenant=t) for t in ("heavy", "heavy", "t1", "t2")]
+    served = [_timeline(0.0, [0.5, 1.0])] * 4  # 100 tokens each: heavy 200, t1 100, t2 100
+    run = TenantRun.of("fair", trace, served, {"goodput_rps": 1.0}, 10.0)
+    alone = TenantRun.of("alone", trace[2:], served[2:], {"goodput_rps": 1.0}, 10.0)
+    assert light_entitlement(run, alone) == 1.0  # 400 shared: t1, t2 get their 100 each
+    # the same demands, 240 served in all: 80 each, so t1 and t2 are entitled to 160 of 200
+    slow = [_timeline(0.0, [0.5, 11.0])] * 3 + [_timeline(0.0, [11.0])]
+    short = TenantRun.of("short", trace, slow, {"goodput_rps": 1.0}, 10.0)
+    assert sum(short.service.values()) == 297.0
+    assert light_entitlement(short, alone) == pytest.approx(2 * 297 / 3 / 200)
 
 
 def test_tenant_trace_weights() -> None:

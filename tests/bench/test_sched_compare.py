@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from bench import sched_compare as sc
+from bench.sched_capacity import FREE_LINK_SCALE, ceiling_job
+from bench.sched_judge import AMPLE_HBM_GIB
 from tests.bench.test_sched_judge import RESULT_RE
 
 
@@ -41,7 +44,7 @@ def test_a_trace_not_in_the_kit_is_sized_and_searched(tmp_path: Path, capsys) ->
     assert math.log2(w.hbm_kv_gib).is_integer()  # a power of two that holds 16 mean requests
     assert w.hbm_kv_gib * sc.GIB >= 16 * 2300 * 131072
     out = tmp_path / "out"
-    argv = ["--quick", "--trace", str(trace), "--out", str(out), "--workers", "1"]
+    argv = ["--quick", "--trace", str(trace), "--out", str(out), "--workers", "1", "--ceilings"]
     assert sc.main([*argv, "--no-plots", "--hbm-gib", "1", "--duration", "5"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert RESULT_RE.match(lines[-1])
@@ -58,8 +61,27 @@ def test_a_trace_not_in_the_kit_is_sized_and_searched(tmp_path: Path, capsys) ->
         assert lo <= mid <= hi
     assert any(line.startswith("mine         h200-llama3-8b   vllm ") for line in lines)
     assert [len(c["capacity_rps"]["lvf"]) for c in data["capacity"]] == [2, 2]
+    for cell in data["capacity"]:  # the ceilings: vllm with more HBM serves at least as much
+        found = cell["capacity_rps"]
+        assert set(found) == {"vllm", "lvf", "lvf-free-link", "vllm-ample-hbm"}
+        assert sum(found["vllm-ample-hbm"]) >= sum(found["vllm"])
+    assert {"capacity_free_link_mine_h200", "capacity_ample_hbm_mine_gh200_lo"} <= set(summary)
     judged = [j for j in data["judgments"] if j["kind"] == "b" and j["rps"] is not None]
     assert all(0 <= j["ample_hbm_vllm_ttft"] <= 1 for j in judged)  # the reference ran
+
+
+def test_ceiling_jobs_change_only_the_link_or_the_hbm() -> None:
+    w = sc.kit_workloads(sc.TRACES)[0]  # ShareGPT, 16 GiB
+    args = sc.parse_args(["--quick"])
+    base = sc.make_job(w, "h200-llama3-8b", 3.0, "lvf", args, seed=1)
+    free = ceiling_job(replace(base, label="lvf-free-link"))
+    assert free.policy == "lvf" and free.setup.hbm_kv_gib == w.hbm_kv_gib
+    assert free.setup.profile.link_h2d_bytes_s == FREE_LINK_SCALE * 51.4e9
+    ample = ceiling_job(
+        replace(sc.make_job(w, "h200-llama3-8b", 3.0, "vllm", args), label="vllm-ample-hbm")
+    )
+    assert ample.policy == "vllm" and ample.setup.hbm_kv_gib == AMPLE_HBM_GIB
+    assert ample.setup.profile == base.setup.profile and ceiling_job(base) is base
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ from lab.costmodel import (
     profile_to_dict,
     save_profile,
     transfer_time_s,
+    with_link_scale,
 )
 
 
@@ -72,6 +73,19 @@ def test_transfer_time_duplex_and_serial() -> None:
     assert transfer_time_s(_toy(duplex=False), 50e9, 40e9) == pytest.approx(2.0)
     with pytest.raises(ValueError):
         transfer_time_s(p, -1, 0)
+
+
+def test_link_scale_speeds_up_the_copies_only() -> None:
+    p = _toy()
+    fast = with_link_scale(p, 10.0)
+    # the same bytes, both ways at once: 1.5 s at the toy's rates (above), a tenth now
+    assert transfer_time_s(fast, 50e9, 40e9) == pytest.approx(0.15)
+    assert transfer_time_s(fast, 50e9, 0) == pytest.approx(0.1)
+    assert iteration_time_s(fast, 64, 8, 8 * 1024) == iteration_time_s(p, 64, 8, 8 * 1024)
+    assert fast.name == "toy (link x10)" and with_link_scale(p, 1.0) is p
+    for bad in (0.0, -2.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="link scale"):
+            with_link_scale(p, bad)
 
 
 def test_exposed_transfer() -> None:

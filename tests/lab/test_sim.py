@@ -259,6 +259,17 @@ def test_cli_writes_json_and_plot(tmp_path: Path) -> None:
     assert run_simulate(bad) == 2
 
 
+def test_cli_link_scale_runs_on_a_faster_link(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_simulate_arguments(parser)
+    out = tmp_path / "sim.json"
+    argv = ["--trace", "synthetic:256:32", "--rps", "4", "--duration", "1", "--json", str(out)]
+    assert run_simulate(parser.parse_args([*argv, "--link-scale", "1000"])) == 0
+    config = json.loads(out.read_text())["config"]
+    assert config["link_scale"] == 1000 and config["profile"] == "h200-llama3-8b (link x1000)"
+    assert run_simulate(parser.parse_args([*argv, "--link-scale", "0"])) == 2
+
+
 def test_engine_views_carry_every_field_by_name() -> None:
     """The engine builds views positionally (speed); each field must land under its name."""
     setup = SimSetup(GH200, hbm_kv_gib=0.1, dram_kv_gib=1.0, b_xfer=8)
