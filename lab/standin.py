@@ -82,6 +82,8 @@ class Population:
             arrival_seq=np.arange(num, dtype=np.int64),
             resident=np.ones(num, np.bool_),
             tenants=np.zeros(num, np.int64),
+            t_first_s=np.where(running | rotary, now - rng.uniform(1, 5, num), np.nan),
+            num_output_tokens=np.where(running | rotary, rng.integers(1, 100, num), 0),
         )
         return cls(columns, rng, max_num_seqs)
 
@@ -117,13 +119,16 @@ class Population:
         running = c["states"] == RUNNING_CODE
         c["num_computed_tokens"][running] = c["num_tokens"][running]
         c["num_tokens"][running] += 1
+        c["num_output_tokens"][running] += 1
+        c["t_first_s"][running & np.isnan(c["t_first_s"])] = now
         c["num_blocks_hbm"][running] = -(-c["num_tokens"][running] // BLOCK_SIZE)
         done = np.nonzero(running & (c["num_tokens"] >= self.target))[0]
         if len(done):
             num = len(done)
             c["states"][done] = WAITING_CODE
             c["t_arr_s"][done] = now
-            c["t_run_s"][done] = c["t_last_s"][done] = np.nan
+            c["t_run_s"][done] = c["t_last_s"][done] = c["t_first_s"][done] = np.nan
+            c["num_output_tokens"][done] = 0
             c["num_tokens"][done] = self.rng.integers(16, 2001, num)
             c["num_computed_tokens"][done] = 0
             c["num_blocks_hbm"][done] = c["num_blocks_dram"][done] = 0

@@ -30,6 +30,7 @@ _BOOL_FIELDS = {
     "deadline_lag",
     "residency_yields_to_tighter",
     "lag_per_block",
+    "tpot_lag",
 }
 # Optional knobs' text for None (b_xfer: auto, the link's measure; demote_late_s: off)
 _NONE_TEXT = {"b_xfer": "auto", "demote_late_s": "off"}

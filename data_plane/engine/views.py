@@ -39,6 +39,8 @@ _VIEW_SOURCES = {
     "slo_tbt_s": "r.slo_tbt_s",
     "resident": "r.resident",
     "tenant": "r.tenant",
+    "t_first_s": "r.t_first_token_s",
+    "num_output_tokens": "len(r.output_token_ids)",
 }
 _build_view = compile_view_builder(_VIEW_SOURCES, ("r", "num_computed", "num_hbm", "num_dram"))
 

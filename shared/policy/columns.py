@@ -93,6 +93,8 @@ class RequestColumns:
     arrival_seq: Ints
     resident: npt.NDArray[np.bool_]
     tenants: Ints
+    t_first_s: Floats
+    num_output_tokens: Ints
 
     def __post_init__(self) -> None:
         num = len(self.request_ids)

@@ -51,6 +51,8 @@ class RequestView(NamedTuple):
     slo_tbt_s: float | None = None
     resident: bool = True  # False while its HBM blocks still wait for an H2D copy
     tenant: int = 0  # its tenant's index in the snapshot's tenant_service (0: none)
+    t_first_s: float | None = None  # its first output token's time (None: none yet)
+    num_output_tokens: int = 0  # tokens generated so far
 
 
 class RequestField(NamedTuple):
@@ -83,6 +85,8 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField("slo_tbt_s", "slo_tbt_s", "float64", "opt"),
     RequestField("resident", "resident", "bool", "flag"),
     RequestField("tenant", "tenants", "int64", "int"),
+    RequestField("t_first_s", "t_first_s", "float64", "opt"),
+    RequestField("num_output_tokens", "num_output_tokens", "int64", "int"),
 )
 _ANNOTATIONS = {
     "id": "str",
@@ -201,6 +205,10 @@ class Knobs:
     # instead of by lag: the room rotation makes, and the link that refills it, go first to
     # the requests that repay the most lag per block moved; requests not lagging keep L's order.
     lag_per_block: bool = True
+    # A rotary request's lag counts from its TPOT schedule (its next token is due S_B per token
+    # after its first: t_first + (tokens - 1) * S_B) instead of from its last token, so a
+    # request ahead of its mean-TBT (TPOT) objective stays out until it has spent that credit.
+    tpot_lag: bool = True
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s", "min_residency_s"):
@@ -226,6 +234,7 @@ PAPER_LVF: dict[str, Any] = {
     "hold_room_for_rotary": False,
     "adaptive_residency": False,
     "lag_per_block": False,
+    "tpot_lag": False,
 }  # the knob values that make LVF SUPERINFER.md §4 exactly (Knobs(**PAPER_LVF))
 
 

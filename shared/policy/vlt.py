@@ -24,12 +24,16 @@ def vlt_array(columns: RequestColumns, t_now_s: float, knobs: Knobs) -> Floats:
 
     A request's own S_F/S_B (its SLO class; NaN: none) override the global knobs; a missing
     (NaN) t_run or t_last falls back to the arrival time. With ``deadline_lag`` a waiting
-    request's lag is shifted by :func:`_deadline_offsets`.
+    request's lag is shifted by :func:`_deadline_offsets`; with ``tpot_lag`` a rotary one's
+    t_last is its last token's time on its TPOT schedule (:func:`_tpot_schedule`).
     """
     t_arr, states = columns.t_arr_s, columns.states
     waiting = states == WAITING_CODE
     # waiting and rotary alike: ReLU(t_now - since - tolerance), times alpha when rotary
-    since = np.where(waiting, t_arr, _or(columns.t_last_s, t_arr))
+    last = _or(columns.t_last_s, t_arr)
+    if knobs.tpot_lag:
+        last = _tpot_schedule(columns, last, knobs)
+    since = np.where(waiting, t_arr, last)
     slo = np.where(waiting, columns.slo_ttft_s, columns.slo_tbt_s)
     beta = np.where(waiting, knobs.beta_f, knobs.beta_b)
     default = np.where(waiting, knobs.beta_f * knobs.slo_ttft_s, knobs.beta_b * knobs.slo_tbt_s)
@@ -40,6 +44,16 @@ def vlt_array(columns: RequestColumns, t_now_s: float, knobs: Knobs) -> Floats:
     scores = np.where(waiting, lag, knobs.alpha * lag)
     running = states == RUNNING_CODE
     return np.where(running, -(t_now_s - _or(columns.t_run_s, t_arr)), scores)
+
+
+def _tpot_schedule(columns: RequestColumns, last: Floats, knobs: Knobs) -> Floats:
+    """When each request's last token was due if it produced one every S_B since its first
+    (TPOT, the mean time between tokens, met exactly): t_first + (n - 1) * S_B for n tokens.
+    Earlier than its last token when it is behind that schedule, later when ahead (it may
+    then wait that much longer and still meet its TPOT); ``last`` where it has no token yet."""
+    s_b = _or(columns.slo_tbt_s, np.full_like(columns.t_arr_s, knobs.slo_tbt_s))
+    due = columns.t_first_s + np.maximum(columns.num_output_tokens - 1, 0) * s_b
+    return np.where(np.isnan(columns.t_first_s), last, due)
 
 
 def _deadline_offsets(columns: RequestColumns, waiting: Bools, knobs: Knobs) -> Floats:

@@ -16,7 +16,7 @@ import msgpack
 
 from shared.protocol.limits import DEFAULT_LIMITS, Limits, unpack
 
-SCHEMA_VERSION = 11  # 2: columnar RequestTable snapshots; 3: TokenOutput.error_kind;
+SCHEMA_VERSION = 12  # 2: columnar RequestTable snapshots; 3: TokenOutput.error_kind;
 # 4: requests known by handle (arrival_seq) between worker and control plane, no id strings;
 # token outputs batched per reply stream and iteration (TokenOutputs); 5: SubmitRequest carries
 # the sampling parameters as one nested SamplingParams; 6: snapshots may travel as a delta
@@ -27,7 +27,8 @@ SCHEMA_VERSION = 11  # 2: columnar RequestTable snapshots; 3: TokenOutput.error_
 # prompt_logprobs, TokenOutput carries them (shared.logprobs.TokenLogprobs), SamplingParams
 # carries structured outputs (shared.sampling.StructuredOutput); 11: requests carry their
 # tenant (SubmitRequest.tenant, RequestTable.tenants) and snapshots each tenant's recent
-# service (StateSnapshot.tenant_service)
+# service (StateSnapshot.tenant_service); 12: requests carry their first token's time and
+# their output token count (RequestTable.t_first_s, num_output_tokens: LVF's tpot_lag)
 T = TypeVar("T")
 _REGISTRY: dict[str, type] = {}
 _HINTS: dict[type, list[tuple[str, Any]]] = {}

@@ -112,6 +112,8 @@ class RequestTable:
     arrival_seq: bytes
     resident: bytes
     tenants: bytes = b""  # a request's tenant index (0: none): StateSnapshot.tenant_service
+    t_first_s: bytes = b""  # its first output token's time (NaN: none yet)
+    num_output_tokens: bytes = b""
 
     def __post_init__(self) -> None:
         num = self.num_requests
@@ -134,10 +136,10 @@ class RequestTable:
             raise ValueError("resident must be 0 or 1")
         if not np.isfinite(self.column("t_arr_s")).all():
             raise ValueError("t_arr_s must be finite")
-        for name in ("t_run_s", "t_last_s", "slo_ttft_s", "slo_tbt_s"):
+        for name in ("t_run_s", "t_last_s", "slo_ttft_s", "slo_tbt_s", "t_first_s"):
             if np.isinf(self.column(name)).any():
                 raise ValueError(f"{name} must be finite or NaN (unknown)")
-        for name in (*_COUNTS, "num_blocks_synced", "arrival_seq"):
+        for name in (*_COUNTS, "num_blocks_synced", "arrival_seq", "num_output_tokens"):
             data: bytes = getattr(self, name)  # packed at its own width: no int64 copy
             if data and np.frombuffer(data, _INT_DTYPES[len(data) // self.num_requests]).min() < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -177,6 +179,8 @@ class RequestRow:
     resident: bool
     arrival_seq: int
     tenants: int = 0
+    t_first_s: float | None = None
+    num_output_tokens: int = 0
 
 
 def _table_columns() -> dict[str, str]:

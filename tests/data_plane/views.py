@@ -25,4 +25,7 @@ def view_by_name(
         slo_ttft_s=request.slo_ttft_s,
         slo_tbt_s=request.slo_tbt_s,
         resident=resident,
+        tenant=request.tenant,
+        t_first_s=request.t_first_token_s,
+        num_output_tokens=len(request.output_token_ids),
     )

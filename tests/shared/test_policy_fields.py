@@ -17,7 +17,8 @@ from shared.policy.types import REQUEST_FIELDS, check_view_fields, compile_view_
 def test_the_view_and_the_columns_are_the_declared_fields() -> None:
     assert RequestView._fields == tuple(f.name for f in REQUEST_FIELDS)
     assert {f.name for f in fields(RequestColumns)} == {f.column for f in REQUEST_FIELDS}
-    assert FLOAT_FIELDS == ("t_arr_s", "t_run_s", "t_last_s", "slo_ttft_s", "slo_tbt_s")
+    floats = ("t_arr_s", "t_run_s", "t_last_s", "slo_ttft_s", "slo_tbt_s", "t_first_s")
+    assert FLOAT_FIELDS == floats
     assert INT_FIELDS == (
         "num_tokens",
         "num_computed_tokens",
@@ -26,6 +27,7 @@ def test_the_view_and_the_columns_are_the_declared_fields() -> None:
         "priority",
         "arrival_seq",
         "tenants",
+        "num_output_tokens",
     )
 
 
@@ -90,6 +92,8 @@ def test_a_compiled_view_builder_covers_every_field_or_is_refused() -> None:
         "slo_tbt_s": None,
         "resident": False,
         "tenant": 4,
+        "t_first_s": 1.5,
+        "num_output_tokens": 3,
     }
     assert build(values) == RequestView(**values)
     missing = {k: v for k, v in sources.items() if k != "priority"}

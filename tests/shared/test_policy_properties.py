@@ -64,11 +64,14 @@ def request_views(draw: st.DrawFn, index: int, block_size: int) -> RequestView:
         computed = draw(st.integers(0, num_tokens - 1))
         dram = blocks_for(computed, block_size)
         evicting = draw(st.integers(0, 2))  # > 0: its rotate-out copy is still in flight
+        first = draw(st.none() | st.floats(t_arr, t_since, allow_nan=False))
         return view._replace(
             num_computed_tokens=computed,
             num_blocks_hbm=min(evicting, dram),
             num_blocks_dram=dram,
             t_last_s=t_since,
+            t_first_s=first,
+            num_output_tokens=0 if first is None else draw(st.integers(1, 200)),
         )
     computed = draw(st.integers(0, num_tokens))  # pending 0 cannot happen; must not break
     hbm = blocks_for(computed, block_size) + draw(st.integers(0, 1))
@@ -115,6 +118,7 @@ knobs_strategy = st.builds(
     residency_yields_to_tighter=st.booleans(),
     demote_late_s=st.none() | st.floats(0.0, 10.0),
     lag_per_block=st.booleans(),
+    tpot_lag=st.booleans(),
 )
 
 

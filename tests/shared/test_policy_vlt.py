@@ -48,6 +48,33 @@ def test_vlt_rotary_is_alpha_times_tbt_lag() -> None:
     assert vlt(never_decoded, 10.0, LVF) == pytest.approx(6.0)  # t_last falls back to t_arr
 
 
+def test_tpot_lag_counts_a_rotary_request_from_its_tpot_schedule() -> None:
+    """S_B 0.1: 31 tokens since a first token at t = 4 are due by 4 + 30 x 0.1 = 7, so at
+    t = 10 the request is 3 s behind its TPOT (alpha 3: VLT 9) though its last token came 1 s
+    ago; with its first token at 8 it is 1 s ahead (VLT 0); without a first token, or with
+    the knob off, the lag counts from its last token (VLT 3)."""
+    behind = rotary("r", t_last=9.0)._replace(t_first_s=4.0, num_output_tokens=31)
+    ahead = behind._replace(t_first_s=8.0)
+    no_first = rotary("r", t_last=9.0)
+    tbt = Knobs(tpot_lag=False)
+    expected = {(behind, LVF): 9.0, (ahead, LVF): 0.0, (no_first, LVF): 3.0, (behind, tbt): 3.0}
+    for (view, knobs), value in expected.items():
+        assert vlt(view, 10.0, knobs) == pytest.approx(value)
+        assert vlt_array(columns_from_views([view]), 10.0, knobs)[0] == pytest.approx(value)
+
+
+def test_tpot_lag_resumes_the_request_furthest_behind_its_tpot_first() -> None:
+    """Room for one of two rotary requests of 2 blocks: ``recent`` produced its last token
+    0.5 s ago but is 5 s behind its TPOT schedule (31 tokens since t = 2), ``idle`` waited 2 s
+    since its last token and is 2 s behind (11 tokens since t = 7). By the last token, idle
+    goes first; by the TPOT schedule, recent does."""
+    recent = rotary("recent", t_last=T_NOW - 0.5)._replace(t_first_s=2.0, num_output_tokens=31)
+    idle = rotary("idle", t_last=T_NOW - 2.0, seq=1)._replace(t_first_s=7.0, num_output_tokens=11)
+    snapshot = snap(recent, idle, free=3)
+    assert make_plan(snapshot, replace(LVF, tpot_lag=False)).resume_ids == ["idle"]
+    assert make_plan(snapshot, LVF).resume_ids == ["recent"]
+
+
 def test_vlt_running_falls_with_time_in_running() -> None:
     assert vlt(running("x", t_run=4.0), 10.0, LVF) == pytest.approx(-6.0)
     assert vlt(running("x", t_run=4.0), 10.0, Knobs(alpha=9.0, beta_f=2.0)) == pytest.approx(-6.0)

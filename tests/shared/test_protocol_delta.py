@@ -75,6 +75,8 @@ def _random_table(rng: np.random.Generator, seqs: np.ndarray) -> dict[str, np.nd
         "arrival_seq": seqs.astype(np.int64),
         "resident": rng.random(num) < 0.9,
         "tenants": rng.integers(0, 5, num),
+        "t_first_s": np.where(rng.random(num) < 0.5, np.nan, rng.uniform(0, 100, num)),
+        "num_output_tokens": rng.integers(0, 300, num),
     }
 
 
@@ -85,6 +87,7 @@ def _step(rng: np.random.Generator, arrays: dict[str, np.ndarray], next_seq: int
     out = {name: values[keep].copy() for name, values in arrays.items()}
     changed = np.flatnonzero(rng.random(len(out["states"])) < rng.choice([0.0, 0.05, 0.6]))
     out["num_tokens"][changed] += 1
+    out["num_output_tokens"][changed] += 1
     out["t_run_s"][changed[::2]] = np.nan
     out["resident"][changed[1::3]] ^= True
     num_new = int(rng.integers(0, 6))
