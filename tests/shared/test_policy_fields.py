@@ -18,7 +18,7 @@ def test_the_view_and_the_columns_are_the_declared_fields() -> None:
     assert RequestView._fields == tuple(f.name for f in REQUEST_FIELDS)
     assert {f.name for f in fields(RequestColumns)} == {f.column for f in REQUEST_FIELDS}
     floats = ("t_arr_s", "t_run_s", "t_last_s", "slo_ttft_s", "slo_tbt_s", "t_first_s")
-    assert FLOAT_FIELDS == floats
+    assert floats == FLOAT_FIELDS
     assert INT_FIELDS == (
         "num_tokens",
         "num_computed_tokens",
