@@ -205,9 +205,10 @@ class Knobs:
     # instead of by lag: the room rotation makes, and the link that refills it, go first to
     # the requests that repay the most lag per block moved; requests not lagging keep L's order.
     lag_per_block: bool = True
-    # A rotary request's lag counts from its TPOT schedule (its next token is due S_B per token
-    # after its first: t_first + (tokens - 1) * S_B) instead of from its last token, so a
-    # request ahead of its mean-TBT (TPOT) objective stays out until it has spent that credit.
+    # VLT against each request's TPOT schedule (its n-th token due at t_first + (n - 1) * S_B)
+    # instead of its last token: a rotary request ahead of its mean-TBT (TPOT) objective stays
+    # out until it has spent that credit, and a running one's VLT counts the credit with its
+    # time resident, so the tail rotates out first those that can best afford a pause.
     tpot_lag: bool = True
 
     def __post_init__(self) -> None:

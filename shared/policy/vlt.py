@@ -20,12 +20,14 @@ def vlt_array(columns: RequestColumns, t_now_s: float, knobs: Knobs) -> Floats:
 
     rotary:  alpha * ReLU(t_now - t_last - beta_B * S_B)
     waiting:         ReLU(t_now - t_arr  - beta_F * S_F)
-    running:       -(t_now - t_run)
+    running:       -(t_now - t_run)                       [- ReLU(t_due - t_now) with tpot_lag]
 
     A request's own S_F/S_B (its SLO class; NaN: none) override the global knobs; a missing
     (NaN) t_run or t_last falls back to the arrival time. With ``deadline_lag`` a waiting
     request's lag is shifted by :func:`_deadline_offsets`; with ``tpot_lag`` a rotary one's
-    t_last is its last token's time on its TPOT schedule (:func:`_tpot_schedule`).
+    t_last is its last token's time on its TPOT schedule (t_due, :func:`_tpot_schedule`), and
+    a running one is ahead by its time resident plus what it is ahead of that schedule (the
+    tail rotates out first the requests that can best afford a pause).
     """
     t_arr, states = columns.t_arr_s, columns.states
     waiting = states == WAITING_CODE
@@ -43,7 +45,11 @@ def vlt_array(columns: RequestColumns, t_now_s: float, knobs: Knobs) -> Floats:
     lag = np.where(lag > 0.0, lag, 0.0)
     scores = np.where(waiting, lag, knobs.alpha * lag)
     running = states == RUNNING_CODE
-    return np.where(running, -(t_now_s - _or(columns.t_run_s, t_arr)), scores)
+    ahead_s = t_now_s - _or(columns.t_run_s, t_arr)  # a running request's time resident
+    if knobs.tpot_lag:  # ... plus how far ahead of its TPOT schedule it is
+        due = _tpot_schedule(columns, np.full_like(t_arr, t_now_s), knobs)
+        ahead_s = ahead_s + np.maximum(due - t_now_s, 0.0)
+    return np.where(running, -ahead_s, scores)
 
 
 def _tpot_schedule(columns: RequestColumns, last: Floats, knobs: Knobs) -> Floats:

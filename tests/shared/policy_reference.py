@@ -30,13 +30,19 @@ def vlt(
     A request's own S_F/S_B (its SLO class) override the global knobs. A missing t_run or
     t_last falls back to the arrival time. With ``tpot_lag`` a rotary request that has a first
     token counts from t_first + (n - 1) * S_B (its n-th token's time at exactly S_B per token)
-    instead of t_last. With ``deadline_lag`` and ``loosest_ttft_s`` (the
-    loosest S_F among the snapshot's waiting requests) a waiting request's lag before the ReLU
-    gains (1 - beta_F) * (loosest - S_F): it counts from its deadline.
+    instead of t_last, and a running one is ahead by that time's excess over t_now too. With
+    ``deadline_lag`` and ``loosest_ttft_s`` (the loosest S_F among the snapshot's waiting
+    requests) a waiting request's lag before the ReLU gains (1 - beta_F) * (loosest - S_F): it
+    counts from its deadline.
     """
     if view.state is RequestState.RUNNING:
         t_run = view.t_run_s if view.t_run_s is not None else view.t_arr_s
-        return -(t_now_s - t_run)
+        ahead = t_now_s - t_run
+        if knobs.tpot_lag and view.t_first_s is not None:
+            s_b = view.slo_tbt_s if view.slo_tbt_s is not None else knobs.slo_tbt_s
+            due = view.t_first_s + max(0, view.num_output_tokens - 1) * s_b
+            ahead = ahead + max(0.0, due - t_now_s)
+        return -ahead
     if view.state is RequestState.ROTARY:
         slo_tbt_s = view.slo_tbt_s if view.slo_tbt_s is not None else knobs.slo_tbt_s
         t_last = view.t_last_s if view.t_last_s is not None else view.t_arr_s

@@ -75,13 +75,17 @@ def request_views(draw: st.DrawFn, index: int, block_size: int) -> RequestView:
         )
     computed = draw(st.integers(0, num_tokens))  # pending 0 cannot happen; must not break
     hbm = blocks_for(computed, block_size) + draw(st.integers(0, 1))
+    t_last = draw(st.none() | st.floats(t_arr, T_NOW, allow_nan=False))
+    first = None if t_last is None else draw(st.none() | st.floats(t_arr, t_last))
     return view._replace(
         num_computed_tokens=computed,
         num_blocks_hbm=hbm,
         num_blocks_dram=draw(st.integers(0, hbm)),
         t_run_s=t_since,
-        t_last_s=draw(st.none() | st.floats(t_arr, T_NOW, allow_nan=False)),
+        t_last_s=t_last,
         resident=draw(st.booleans()),
+        t_first_s=first,
+        num_output_tokens=0 if first is None else draw(st.integers(1, 400)),
     )
 
 

@@ -75,6 +75,28 @@ def test_tpot_lag_resumes_the_request_furthest_behind_its_tpot_first() -> None:
     assert make_plan(snapshot, LVF).resume_ids == ["recent"]
 
 
+def test_tpot_lag_counts_a_running_request_ahead_by_its_tpot_credit() -> None:
+    """Resident since t = 8 (2 s at t = 10): 61 tokens since t = 5 are due by 5 + 6 = 11, so
+    it is also 1 s ahead of its TPOT: VLT -3 (-2 with the knob off, or behind schedule)."""
+    ahead = running("x", t_run=8.0)._replace(t_first_s=5.0, num_output_tokens=61)
+    behind = ahead._replace(t_first_s=2.0)
+    expected = {(ahead, LVF): -3.0, (ahead, Knobs(tpot_lag=False)): -2.0, (behind, LVF): -2.0}
+    for (view, knobs), value in expected.items():
+        assert vlt(view, 10.0, knobs) == pytest.approx(value)
+        assert vlt_array(columns_from_views([view]), 10.0, knobs)[0] == pytest.approx(value)
+
+
+def test_tpot_lag_rotates_out_the_request_most_ahead_of_its_tpot_first() -> None:
+    """A lagging waiting request needs 2 blocks, HBM is full: of two running requests resident
+    as long, §3's tail takes the later arrival (``late``); with tpot_lag the one 1.9 s ahead of
+    its TPOT schedule (``ahead``, 100 tokens since t = 2 are due by 11.9) goes instead."""
+    ahead = running("ahead", t_run=1.0, dram=2)._replace(t_first_s=2.0, num_output_tokens=100)
+    late = running("late", t_run=1.0, seq=1, dram=2)._replace(t_first_s=2.0, num_output_tokens=60)
+    snapshot = snap(ahead, late, waiting("w", t_arr=0.0, blocks=2, seq=2), free=0, xfer=4)
+    assert make_plan(snapshot, replace(LVF, tpot_lag=False)).rotate_out_ids == ["late"]
+    assert make_plan(snapshot, LVF).rotate_out_ids == ["ahead"]
+
+
 def test_vlt_running_falls_with_time_in_running() -> None:
     assert vlt(running("x", t_run=4.0), 10.0, LVF) == pytest.approx(-6.0)
     assert vlt(running("x", t_run=4.0), 10.0, Knobs(alpha=9.0, beta_f=2.0)) == pytest.approx(-6.0)
