@@ -83,6 +83,8 @@ def make_columns(num: int, rng: np.random.Generator) -> RequestColumns:
         arrival_seq=np.arange(num, dtype=np.int64),
         resident=np.ones(num, np.bool_),
         tenants=np.zeros(num, np.int64),
+        t_first_s=np.where(running | rotary, now - rng.uniform(1, 5, num), np.nan),
+        num_output_tokens=np.where(running | rotary, rng.integers(1, 100, num), 0),
     )
 
 

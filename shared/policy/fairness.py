@@ -7,13 +7,13 @@ least service so far first. Here: the engine counts each tenant's recent service
 computed, exponentially decayed: ``Snapshot.tenant_service``); the fair share is the mean over
 the tenants with a request in the snapshot; a tenant above ``FAIR_SLACK`` times it is
 *over-served*. LVF's head scan then takes the requests of the other tenants first, each group
-in L's order (lag within lag), and the over-served tenants' requests with what is left less
-``FAIR_RESERVE`` of HBM (kept free for the other tenants' arrivals); a request of a fairly
-served tenant may make room by rotation before it lags (with ``rotate_only_for_lag``, others
-wait until they lag); the over-served tenants' running requests may be rotated out whatever
-their own lag and residency, and the tail scan takes them first. No tenant with requests
-waiting gets less than the fair share while another gets more, and a server with room for
-everyone (no contention, FCFS) is unchanged.
+in L's order (lag within lag), and the over-served tenants' requests with what is left; among
+the requests the tail may rotate out (its guards unchanged) it takes the over-served tenants'
+first. No tenant with requests waiting gets less than the fair share while another gets more,
+and a server with room for everyone (no contention, FCFS) is unchanged. (Until 2026-12-05 the
+over-served tenants also kept off the last 10 % of HBM and yielded whatever their residency,
+and the others rotated before they lagged: with ``tpot_lag`` those rules cost up to a quarter
+of the goodput and bought nothing, bench/fairness.py, docs/benchmarks.md.)
 """
 
 from __future__ import annotations
@@ -23,15 +23,11 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from shared.policy.columns import ColumnarSnapshot, Ints, RequestColumns
+from shared.policy.columns import Ints
 
 # Within 50 % of the mean is fair: tenants sending alike are not reordered by noise (1.25 cost
 # 9 TTFT points on 8 equal tenants at the ShareGPT knee, 1.5 about 2; docs/scheduling.md).
 FAIR_SLACK = 1.5
-# The share of HBM the over-served tenants' requests may not join into: kept for the other
-# tenants' arrivals (bench/fairness.py, 1.5x the knee: 0.05 / 0.1 / 0.2 alike, light tenants
-# -3 to -4 pts vs alone on two seeds; without it -7.4 and goodput 0.85x at the knee).
-FAIR_RESERVE = 0.1
 
 
 def over_served(tenants: Ints, tenant_service: Sequence[float]) -> npt.NDArray[np.bool_]:
@@ -56,24 +52,3 @@ def fair_groups(indices: Ints, over: npt.NDArray[np.bool_]) -> list[Ints]:
     if not over[indices].any():
         return [indices]
     return [indices[~over[indices]], indices[over[indices]]]
-
-
-def reserve_blocks(snapshot: ColumnarSnapshot) -> int:
-    """HBM blocks the over-served tenants' requests may not join into: ``FAIR_RESERVE`` of the
-    pool (the free blocks and those the requests hold)."""
-    total = snapshot.num_free_hbm_blocks + int(snapshot.requests.num_blocks_hbm.sum())
-    return int(FAIR_RESERVE * total)
-
-
-def yielding_victims(
-    columns: RequestColumns, running: Ints, over: npt.NDArray[np.bool_], protect_unserved: bool
-) -> npt.NDArray[np.bool_]:
-    """Per running row: an over-served tenant's request the tail may rotate out whatever its
-    own lag and residency (it holds HBM blocks, is resident, and, with ``protect_unserved``,
-    produced a token since it became resident: no request leaves before it was served)."""
-    ok = over[running] & (columns.num_blocks_hbm[running] > 0) & columns.resident[running]
-    if protect_unserved:
-        t_last, t_run = columns.t_last_s[running], columns.t_run_s[running]
-        ok &= ~np.isnan(t_last) & (np.isnan(t_run) | (t_last >= t_run))
-    result: npt.NDArray[np.bool_] = ok
-    return result

@@ -51,7 +51,7 @@ from shared.policy.columns import (
     pick_ids,
 )
 from shared.policy.common import make_chunks
-from shared.policy.fairness import fair_groups, over_served, reserve_blocks, yielding_victims
+from shared.policy.fairness import fair_groups, over_served
 from shared.policy.joining import (
     EMPTY,
     Transitions,
@@ -106,14 +106,13 @@ def lvf_transitions(
         )
     scores = vlt_array(columns, snapshot.t_now_s, knobs)
     over = _over_served(snapshot, knobs)
-    victims = _eligible_victims(columns, running, scores, knobs, over)
+    victims = _eligible_victims(columns, running, scores, knobs)
     b_xfer = snapshot.b_xfer_blocks
-    reserve = reserve_blocks(snapshot) if over is not None else 0
     late = late_waiting(columns, snapshot.t_now_s, knobs)
     seating = (seats_free, len(victims))
     ranks = _head_ranks(scores, blk) if knobs.lag_per_block else scores
     chosen, b_left = _head_scan(
-        columns, candidates, ranks, blk, (b_hbm, b_xfer, reserve), seating, (over, late), knobs
+        columns, candidates, ranks, blk, (b_hbm, b_xfer), seating, (over, late), knobs
     )
     b_swap = b_xfer - b_left
     seats_owed = len(chosen) - seats_free
@@ -136,22 +135,22 @@ def _head_scan(
     candidates: Ints,
     scores: np.ndarray,
     blk: Ints,
-    budgets: tuple[int, int, int],
+    budgets: tuple[int, int],
     seating: tuple[int, int],
     marks: tuple[np.ndarray | None, np.ndarray | None],
     knobs: Knobs,
 ) -> tuple[Ints, int]:
     """Step 3: the waiting/rotary requests taken from the head of L (in L's order, by
     ``scores``: the VLTs, or :func:`_head_ranks` with ``lag_per_block``) and B_left.
-    ``budgets`` is (B_HBM, B_xfer, the fairness reserve), ``seating`` (free seats, eligible
+    ``budgets`` is (B_HBM, B_xfer), ``seating`` (free seats, eligible
     victims). A rotary request whose rotate-out copy is still in flight (it holds HBM blocks)
     cannot come back yet and is passed over. With ``rotate_only_for_lag`` the requests with
     VLT == 0 are scanned after the lagging ones, within the HBM left without rotation
     (B_left - B_xfer) and the free seats. ``marks`` is (over, late): with ``over``
     (per-tenant fairness: the rows of over-served tenants) each scan takes the other
-    tenants' requests before the over-served ones', which may not take the last ``reserve``
-    blocks; ``late`` rows (``demote_late_s``) are scanned last, within free HBM."""
-    b_hbm, b_xfer, reserve = budgets
+    tenants' requests before the over-served ones'; ``late`` rows (``demote_late_s``) are
+    scanned last, within free HBM."""
+    b_hbm, b_xfer = budgets
     seats_free, num_victims = seating
     over, late = marks
     is_waiting = columns.states[candidates] == WAITING_CODE  # its HBM blocks: a cached prefix
@@ -161,19 +160,17 @@ def _head_scan(
         movable, demoted = movable[~late[movable]], movable[late[movable]]
     if knobs.rotate_only_for_lag:
         lagging = scores[movable] > 0
-        if over is not None:  # a tenant under its fair share may rotate others out on time
-            lagging |= ~over[movable]
         first, second = movable[lagging], movable[~lagging]
     else:
         first, second = movable, EMPTY
     seat_credit = num_victims if b_xfer > 0 else 0  # a seat freed costs a rotation
     chosen, b_left = _take_groups(
-        columns, first, over, scores, blk, b_hbm + b_xfer, seats_free + seat_credit, reserve
+        columns, first, over, scores, blk, b_hbm + b_xfer, seats_free + seat_credit
     )
     for rest in (second, demoted):  # within the HBM left without rotation
         seats, room = seats_free - len(chosen), b_left - b_xfer
         if len(rest) and seats > 0 and room > 0:
-            fresh, room_left = _take_groups(columns, rest, over, scores, blk, room, seats, reserve)
+            fresh, room_left = _take_groups(columns, rest, over, scores, blk, room, seats)
             chosen, b_left = np.concatenate((chosen, fresh)), b_left - (room - room_left)
     return chosen, b_left
 
@@ -195,17 +192,13 @@ def _take_groups(
     blk: Ints,
     b_left: int,
     seats: int,
-    reserve: int = 0,
 ) -> tuple[Ints, int]:
     """:func:`_take_in_l_order`, the fairly served tenants' rows first when ``over`` marks
-    the over-served ones (per-tenant fairness), then the rest with what is left beyond
-    ``reserve`` blocks."""
+    the over-served ones (per-tenant fairness), then the rest with what is left."""
     groups = [indices] if over is None else fair_groups(indices, over)
     chosen, b_left = _take_in_l_order(columns, groups[0], scores, blk, b_left, seats)
     for group in groups[1:]:
-        room = b_left - reserve
-        more, room_left = _take_in_l_order(columns, group, scores, blk, room, seats - len(chosen))
-        b_left -= room - room_left
+        more, b_left = _take_in_l_order(columns, group, scores, blk, b_left, seats - len(chosen))
         chosen = np.concatenate((chosen, more))
     return chosen, b_left
 
@@ -255,13 +248,12 @@ def _eligible_victims(
     running: Ints,
     scores: np.ndarray,
     knobs: Knobs,
-    over: np.ndarray | None = None,
 ) -> Ints:
     """Running requests the tail scan may rotate out when HBM is not short: VLT < 0, holding
     HBM blocks, resident, and past the guards the knobs switch on (the residency guard does
-    not hold against a lagging request of a tighter class with ``residency_yields_to_tighter``);
-    with ``over`` (per-tenant fairness) the over-served tenants' requests whatever their VLT
-    and residency (:func:`~shared.policy.fairness.yielding_victims`)."""
+    not hold against a lagging request of a tighter class with ``residency_yields_to_tighter``;
+    with ``tpot_lag`` a request's VLT counts its TPOT credit, so the guard lets go of one that
+    can afford a pause)."""
     ok = (scores[running] < 0) & (columns.num_blocks_hbm[running] > 0) & columns.resident[running]
     if knobs.min_residency_s > 0:
         guarded = scores[running] >= -knobs.min_residency_s
@@ -273,8 +265,6 @@ def _eligible_victims(
     if knobs.protect_unserved:
         t_last, t_run = columns.t_last_s[running], columns.t_run_s[running]
         ok &= ~np.isnan(t_last) & (np.isnan(t_run) | (t_last >= t_run))
-    if over is not None:  # over-served tenants yield whatever their lag and residency
-        ok |= yielding_victims(columns, running, over, knobs.protect_unserved)
     return running[ok]
 
 
