@@ -90,7 +90,8 @@ def test_the_bench_runs_end_to_end(capsys) -> None:
     lines = capsys.readouterr().out.strip().splitlines()
     assert re.match(
         r"^RESULT fairness jain=\S+ jain_lo=\S+ jain_hi=\S+ jain_unfair=\S+ .*"
-        r"light_ttft_delta_pts=\S+ .*goodput_ratio=\S+ goodput_ratio_lo=\S+ goodput_ratio_hi=\S+$",
+        r"light_ttft_delta_pts=\S+ .*goodput_ratio=\S+ goodput_ratio_lo=\S+ goodput_ratio_hi=\S+ "
+        r"light_entitled=\S+ .*$",
         lines[-1],
     )
     assert sum(line.startswith(("PASS at", "FAIL at")) for line in lines) == 2
