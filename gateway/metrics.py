@@ -20,7 +20,15 @@ from shared.policy import kv_usage
 from shared.protocol import WorkerStatus
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
-_NUMERIC_KNOBS = ("alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s", "min_residency_s")
+_NUMERIC_KNOBS = (
+    "alpha",
+    "beta_b",
+    "beta_f",
+    "slo_ttft_s",
+    "slo_tbt_s",
+    "min_residency_s",
+    "tpot_headroom_s",
+)
 _SWITCH_KNOBS = (
     "adaptive_residency", "rotate_only_for_lag", "protect_unserved", "hold_room_for_rotary",
     "tenant_fairness", "deadline_lag", "residency_yields_to_tighter", "lag_per_block", "tpot_lag",

@@ -20,7 +20,15 @@ from redis.exceptions import RedisError, WatchError
 from shared.policy import POLICY_NAMES, Knobs
 from shared.streams import KNOBS_KEY
 
-_FLOAT_FIELDS = {"alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s", "min_residency_s"}
+_FLOAT_FIELDS = {
+    "alpha",
+    "beta_b",
+    "beta_f",
+    "slo_ttft_s",
+    "slo_tbt_s",
+    "min_residency_s",
+    "tpot_headroom_s",
+}
 _BOOL_FIELDS = {
     "rotate_only_for_lag",
     "protect_unserved",
@@ -45,6 +53,7 @@ KNOB_RANGES: dict[str, tuple[float, float]] = {
     "slo_ttft_s": (1e-3, 86_400.0),
     "slo_tbt_s": (1e-3, 86_400.0),
     "min_residency_s": (0.0, 86_400.0),
+    "tpot_headroom_s": (0.0, 86_400.0),
     "b_xfer": (0, MAX_B_XFER_BLOCKS),
     "demote_late_s": (0.0, 86_400.0),
 }

@@ -158,6 +158,17 @@ class Snapshot:
                 raise ValueError(f"partition {self.partition} does not fit the requests")
 
 
+_TIME_AND_WEIGHT_KNOBS = (
+    "alpha",
+    "beta_b",
+    "beta_f",
+    "slo_ttft_s",
+    "slo_tbt_s",
+    "min_residency_s",
+    "tpot_headroom_s",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Knobs:
     """SLO knobs (SUPERINFER.md §3, §4). Times in seconds."""
@@ -210,17 +221,22 @@ class Knobs:
     # out until it has spent that credit, and a running one's VLT counts the credit with its
     # time resident, so the tail rotates out first those that can best afford a pause.
     tpot_lag: bool = True
+    # With tpot_lag: a rotary request starts to lag this long (s) before its TPOT schedule
+    # runs out, so that it is back before it falls behind (it needs a turn of the head scan, a
+    # victim's room and its copies; back only once behind, a short output cannot catch up).
+    tpot_headroom_s: float = 0.5
 
     def __post_init__(self) -> None:
-        for name in ("alpha", "beta_b", "beta_f", "slo_ttft_s", "slo_tbt_s", "min_residency_s"):
+        for name in _TIME_AND_WEIGHT_KNOBS:
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number")
         if self.alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {self.alpha}")
         if self.slo_ttft_s <= 0 or self.slo_tbt_s <= 0:
             raise ValueError("slo_ttft_s and slo_tbt_s must be > 0")
-        if not self.min_residency_s >= 0:
-            raise ValueError(f"min_residency_s must be >= 0, got {self.min_residency_s}")
+        for name in ("min_residency_s", "tpot_headroom_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         late = self.demote_late_s
         if late is not None and not (math.isfinite(late) and late >= 0):
             raise ValueError(f"demote_late_s must be >= 0 or off, got {late}")
@@ -236,6 +252,7 @@ PAPER_LVF: dict[str, Any] = {
     "adaptive_residency": False,
     "lag_per_block": False,
     "tpot_lag": False,
+    "tpot_headroom_s": 0.0,
 }  # the knob values that make LVF SUPERINFER.md §4 exactly (Knobs(**PAPER_LVF))
 
 

@@ -18,14 +18,15 @@ Bools = npt.NDArray[np.bool_]
 def vlt_array(columns: RequestColumns, t_now_s: float, knobs: Knobs) -> Floats:
     """How far each request is behind its SLO at ``t_now_s`` (positive: lagging):
 
-    rotary:  alpha * ReLU(t_now - t_last - beta_B * S_B)
+    rotary:  alpha * ReLU(t_now - t_last - beta_B * S_B)    [t_last: t_due - headroom]
     waiting:         ReLU(t_now - t_arr  - beta_F * S_F)
     running:       -(t_now - t_run)                       [- ReLU(t_due - t_now) with tpot_lag]
 
     A request's own S_F/S_B (its SLO class; NaN: none) override the global knobs; a missing
     (NaN) t_run or t_last falls back to the arrival time. With ``deadline_lag`` a waiting
     request's lag is shifted by :func:`_deadline_offsets`; with ``tpot_lag`` a rotary one's
-    t_last is its last token's time on its TPOT schedule (t_due, :func:`_tpot_schedule`), and
+    t_last is its last token's time on its TPOT schedule (t_due, :func:`_tpot_schedule`) less
+    ``tpot_headroom_s`` (it lags that long before it falls behind the schedule), and
     a running one is ahead by its time resident plus what it is ahead of that schedule (the
     tail rotates out first the requests that can best afford a pause).
     """
@@ -34,7 +35,9 @@ def vlt_array(columns: RequestColumns, t_now_s: float, knobs: Knobs) -> Floats:
     # waiting and rotary alike: ReLU(t_now - since - tolerance), times alpha when rotary
     last = _or(columns.t_last_s, t_arr)
     if knobs.tpot_lag:
-        last = _tpot_schedule(columns, last, knobs)
+        scheduled = ~np.isnan(columns.t_first_s)
+        due = _tpot_schedule(columns, last, knobs)
+        last = np.where(scheduled, due - knobs.tpot_headroom_s, last)
     since = np.where(waiting, t_arr, last)
     slo = np.where(waiting, columns.slo_ttft_s, columns.slo_tbt_s)
     beta = np.where(waiting, knobs.beta_f, knobs.beta_b)

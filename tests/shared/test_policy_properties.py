@@ -123,6 +123,7 @@ knobs_strategy = st.builds(
     demote_late_s=st.none() | st.floats(0.0, 10.0),
     lag_per_block=st.booleans(),
     tpot_lag=st.booleans(),
+    tpot_headroom_s=st.sampled_from([0.0, 0.5, 2.0]),
 )
 
 

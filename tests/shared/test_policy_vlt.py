@@ -52,13 +52,27 @@ def test_tpot_lag_counts_a_rotary_request_from_its_tpot_schedule() -> None:
     """S_B 0.1: 31 tokens since a first token at t = 4 are due by 4 + 30 x 0.1 = 7, so at
     t = 10 the request is 3 s behind its TPOT (alpha 3: VLT 9) though its last token came 1 s
     ago; with its first token at 8 it is 1 s ahead (VLT 0); without a first token, or with
-    the knob off, the lag counts from its last token (VLT 3)."""
+    the knob off, the lag counts from its last token (VLT 3). No headroom here."""
     behind = rotary("r", t_last=9.0)._replace(t_first_s=4.0, num_output_tokens=31)
     ahead = behind._replace(t_first_s=8.0)
     no_first = rotary("r", t_last=9.0)
     tbt = Knobs(tpot_lag=False)
-    expected = {(behind, LVF): 9.0, (ahead, LVF): 0.0, (no_first, LVF): 3.0, (behind, tbt): 3.0}
+    lvf = replace(LVF, tpot_headroom_s=0.0)
+    expected = {(behind, lvf): 9.0, (ahead, lvf): 0.0, (no_first, lvf): 3.0, (behind, tbt): 3.0}
     for (view, knobs), value in expected.items():
+        assert vlt(view, 10.0, knobs) == pytest.approx(value)
+        assert vlt_array(columns_from_views([view]), 10.0, knobs)[0] == pytest.approx(value)
+
+
+def test_tpot_headroom_makes_a_rotary_request_lag_before_its_schedule_runs_out() -> None:
+    """11 tokens since t = 9 are due by 10.3: at t = 10 the request is 0.3 s ahead of its
+    TPOT schedule. Without headroom it does not lag yet; with 0.5 s it lags by 0.2 s (alpha
+    3: VLT 0.6); a request without a first token is not moved by the headroom."""
+    ahead = rotary("r", t_last=9.9)._replace(t_first_s=9.3, num_output_tokens=11)
+    no_first = rotary("r", t_last=9.0)
+    expected = {(ahead, 0.0): 0.0, (ahead, 0.5): 0.6, (no_first, 0.0): 3.0, (no_first, 0.5): 3.0}
+    for (view, headroom_s), value in expected.items():
+        knobs = replace(LVF, tpot_headroom_s=headroom_s)
         assert vlt(view, 10.0, knobs) == pytest.approx(value)
         assert vlt_array(columns_from_views([view]), 10.0, knobs)[0] == pytest.approx(value)
 
