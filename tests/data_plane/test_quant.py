@@ -305,7 +305,10 @@ def test_smollm_quantized_within_tolerance_of_transformers(
         # ours ranks it first too; closer calls (0.08 apart on the first question) are the
         # logprob bounds' business.
         top2 = reference_logprobs[len(prompt) - 1 :].topk(2, dim=-1).values
-        clear = (top2[:, 0] - top2[:, 1] > 0.12).tolist()
+        # Without the int4 VNNI kernel (no AVX-512 VNNI) the fallback matmul rounds
+        # differently: there a lead must exceed the decode test's max error bound.
+        lead = 0.12 if cpu_kernels.int4_available() else 0.3
+        clear = (top2[:, 0] - top2[:, 1] > lead).tolist()
         generated = part.ranks[len(prompt) - 1 :]
         assert all(
             rank == 1 for rank, is_clear in zip(generated, clear, strict=True) if is_clear
@@ -368,6 +371,8 @@ def test_the_fused_layer_is_kept_until_its_modules_change(
     ``float``: tensors may move) and refused once a matmul is not int4 any more."""
     from data_plane.models.dense import DenseLinear
 
+    if not cpu_kernels.int4_available():
+        pytest.skip("no fused decode kernel on this CPU (it needs AVX-512 VNNI)")
     loaded, _ = smollm_quantized
     layer = loaded.model.layers[0]
     first = layer._fused_layer()
