@@ -10,7 +10,7 @@ from __future__ import annotations
 import structlog
 
 from shared.policy import ColumnarSnapshot, Knobs, Plan, Snapshot, make_plan, nothing_to_decide
-from shared.policy.adaptive import ResidencyController, controlled_knobs
+from shared.policy.adaptive import controlled_knobs, residency_controller
 from shared.policy.remote import fit_plan
 from shared.protocol import RotationPlan
 
@@ -22,7 +22,7 @@ class HybridPlanner:
         self._knobs = knobs
         self.knobs_version = 0  # of ``knobs`` in Redis (0: the worker's flags, not from Redis)
         # LVF's adaptive residency, fed every snapshot (warm when planning turns local).
-        self.residency = ResidencyController(value_s=knobs.min_residency_s)
+        self.residency = residency_controller(knobs)
         self.epoch = epoch
         self.max_age_iterations = max_age_iterations
         self.remote: RotationPlan | None = None
@@ -43,7 +43,7 @@ class HybridPlanner:
         """New knobs from the control plane: a changed residency restarts the controller
         there (an operator's pinned or starting value)."""
         if knobs.min_residency_s != self._knobs.min_residency_s:
-            self.residency = ResidencyController(value_s=knobs.min_residency_s)
+            self.residency = residency_controller(knobs)
         self._knobs = knobs
 
     def use_knobs(self, knobs: Knobs, version: int) -> None:

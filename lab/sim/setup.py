@@ -31,7 +31,7 @@ from lab.sim.clock import VirtualClock
 from lab.sim.executor import SimulatedExecutor
 from lab.sim.transfer import DuplexLink, SimulatedTransferEngine, naive_link
 from shared.policy import ColumnarSnapshot, Knobs, Plan, Snapshot, make_plan
-from shared.policy.adaptive import ResidencyController, controlled_knobs
+from shared.policy.adaptive import controlled_knobs, residency_controller
 
 GIB = 1 << 30
 ROTATING_POLICIES = frozenset({"swap", "edf", "lvf"})
@@ -146,7 +146,7 @@ def build_parts(policy: str, knobs: Knobs, setup: SimSetup) -> SimParts:
         kv = KVCacheManager.hbm_only(setup.num_hbm_blocks, profile.block_size_tokens, caching)
     executor = SimulatedExecutor(clock, profile, copies=transfer)
     plan_knobs = dataclasses.replace(knobs, policy=policy, b_xfer=None if auto_profile else b_xfer)
-    controller = ResidencyController(value_s=plan_knobs.min_residency_s)
+    controller = residency_controller(plan_knobs)
 
     def plan(snapshot: Snapshot | ColumnarSnapshot) -> Plan:
         snapshot, knobs_now = controlled_knobs(snapshot, plan_knobs, controller)

@@ -185,9 +185,11 @@ class Knobs:
     # hold_room_for_rotary=False, lag_per_block=False (PAPER_LVF). The defaults were chosen
     # from the simulator over every kit trace (docs/benchmarks.md). Under an HBM shortage for
     # the running requests' own growth the tail-scan guards are lifted.
-    # The tail scan passes over requests resident for less than this (s): a rotation must
-    # pay for its copies and its victim's TBT gap (0.5 s: docs/benchmarks.md).
-    min_residency_s: float = 0.5
+    # The tail scan passes over requests resident (plus, with tpot_lag, ahead of their TPOT
+    # schedule) for less than this (s): a rotation must pay for its copies and its victim's
+    # pause. With adaptive_residency, the least value the controller may set (2 s: Azure
+    # code's capacity 1.16x -> 1.36x vllm, others unchanged; docs/benchmarks.md 2026-12-06).
+    min_residency_s: float = 2.0
     # Head requests with VLT == 0 (not behind their SLO) join only within free HBM: rotation
     # repays lag, it never makes room for a request that is on time.
     rotate_only_for_lag: bool = True
@@ -195,8 +197,8 @@ class Knobs:
     protect_unserved: bool = True
     # A chosen rotary request waiting for room stops those ranked below it from joining.
     hold_room_for_rotary: bool = True
-    # min_residency_s adapted online from how late started requests are for their next token
-    # (shared/policy/adaptive.py); min_residency_s is then its starting value. Off: pinned.
+    # min_residency_s raised online while started requests are late for their next token
+    # (shared/policy/adaptive.py); min_residency_s is then its start and floor. Off: pinned.
     adaptive_residency: bool = True
     # Per-tenant fairness (VTC-style, shared/policy/fairness.py): among the requests LVF may
     # start, those of tenants served less than the fair share of recent service go first.

@@ -15,6 +15,7 @@ from shared.policy.adaptive import (
     ResidencyController,
     controlled_knobs,
     overdue_now,
+    residency_controller,
     residency_knobs,
 )
 from shared.policy.columns import columnar_from_snapshot
@@ -60,6 +61,19 @@ def test_punctual_decoding_lowers_it_to_its_floor() -> None:
         t_now = 10.0 + 0.1 * step
         controller.observe(columnar_from_snapshot(_late(t_now, 0.05)), 0.1)
     assert controller.value_s == 0.25
+
+
+def test_an_engines_controller_never_goes_below_the_knob() -> None:
+    knobs = dataclasses.replace(ADAPTIVE, min_residency_s=2.0)
+    controller = residency_controller(knobs)
+    assert controller.value_s == 2.0
+    for step in range(300):  # punctual decoding: it would fall, but not below the knob
+        controller.observe(columnar_from_snapshot(_late(10.0 + 0.1 * step, 0.05)), 0.1)
+    assert controller.value_s == 2.0
+    for step in range(300, 400):  # sustained lateness raises it to its ceiling
+        controller.observe(columnar_from_snapshot(_late(10.0 + 0.1 * step, 0.6)), 0.1)
+    assert controller.value_s == 8.0
+    assert residency_controller(dataclasses.replace(knobs, min_residency_s=20.0)).max_s == 20.0
 
 
 def test_knobs_change_only_for_adaptive_lvf() -> None:

@@ -5,6 +5,8 @@ Block size 16 throughout; times in seconds with t_now = 10 unless a test says ot
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from shared.policy import (
@@ -223,7 +225,7 @@ def test_tail_scan_rotates_out_longest_running_while_b_swap_is_positive() -> Non
     x_rot = rotary("x", t_last=T_NOW, blocks=4)
     y_rot = rotary("y", t_last=T_NOW, blocks=4)
     after = snap(
-        running("z", t_run=9.0, blocks=4),
+        running("z", t_run=7.0, blocks=4),  # resident 3.05 s: past the 2 s residency
         x_rot,
         y_rot,
         waiting("w", t_arr=0.0, blocks=8),
@@ -233,7 +235,7 @@ def test_tail_scan_rotates_out_longest_running_while_b_swap_is_positive() -> Non
     )
     plan = make_plan(after, LVF)
     # all three are chosen (B_left 18 - 16 = 2); w takes the 8 free blocks and is admitted, x
-    # and y wait for room, and B_swap = 10 - 2 = 8 rotates z (VLT -1.05) out to make it
+    # and y wait for room, and B_swap = 10 - 2 = 8 rotates z (VLT -3.05) out to make it
     assert plan.admit_ids == ["w"] and plan.resume_ids == [] and plan.rotate_out_ids == ["z"]
     assert plan.schedule == [ScheduledChunk("w", 128)]
     check_plan(after, plan)
@@ -485,10 +487,10 @@ def test_residency_yields_to_a_lagging_tighter_class() -> None:
                         t_last_s=now - 0.01, slo_ttft_s=30.0)  # fmt: skip
     fast = waiting("fast", t_arr=now - 1.2, blocks=4, slo_ttft=2.0)
     slow = waiting("slow", t_arr=now - 20.0, blocks=4, slo_ttft=30.0)
-    pinned = Knobs(policy="lvf", adaptive_residency=False)  # min_residency_s 0.5
+    pinned = Knobs(policy="lvf", adaptive_residency=False, min_residency_s=0.5)
     rotating = snap(batch, fast, free=0, xfer=8, t_now=now)
     assert make_plan(rotating, pinned).rotate_out_ids == ["batch"]
-    held = Knobs(policy="lvf", adaptive_residency=False, residency_yields_to_tighter=False)
+    held = dataclasses.replace(pinned, residency_yields_to_tighter=False)
     assert make_plan(rotating, held).rotate_out_ids == []
     same_class = snap(batch, slow, free=0, xfer=8, t_now=now)
     assert make_plan(same_class, pinned).rotate_out_ids == []
