@@ -20,7 +20,8 @@ An engine's controller (:func:`residency_controller`) starts at the ``min_reside
 takes it as ``min_s``: the knob is the least residency, the controller only raises it. With
 ``tpot_lag`` a running request's credit counts towards its residency, so a floor under a
 second let the tail rotate out short requests a few tokens in (Azure code: 2,551 rotations
-for 560 requests of ~28 tokens at 14 req/s on the gh200, seed 0: TPOT met by 66 %; floor 2 s: 79 rotations, 99 %).
+for 560 requests of ~28 tokens at 14 req/s on the gh200, seed 0: TPOT met by 66 %; floor
+2 s: 79 rotations, 99 %).
 
 The policy itself stays a pure function: :func:`controlled_knobs` returns the knobs to plan
 with; the state lives in a small object one planner per engine owns (the worker's, or the
