@@ -14,6 +14,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.metrics_vllm import VLLM_SERIES
 from gateway.settings import GatewaySettings
 from gateway.workers import WorkerDirectory
+from shared.policy import Knobs
 from shared.protocol import WorkerStatus
 
 
@@ -120,7 +121,8 @@ def test_worker_series_keep_the_worker_label_and_residency() -> None:
     assert samples[("superinfer:num_requests_running", (("worker", "w1"),))] == 1
     assert samples[("superinfer:lvf_min_residency_seconds", (("worker", "w0"),))] == 0.5
     assert samples[("superinfer:knob", (("name", "adaptive_residency"),))] == 1.0
-    assert samples[("superinfer:knob", (("name", "min_residency_s"),))] == 0.5
+    knob = samples[("superinfer:knob", (("name", "min_residency_s"),))]
+    assert knob == Knobs().min_residency_s  # the knob (the floor), beside the worker's value
     assert samples[("superinfer:redis_up", ())] == 0.0  # never refreshed
 
 
