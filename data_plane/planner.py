@@ -41,7 +41,7 @@ class HybridPlanner:
     @knobs.setter
     def knobs(self, knobs: Knobs) -> None:
         """New knobs from the control plane: a changed residency restarts the controller
-        there (an operator's pinned or starting value)."""
+        there (an operator's pinned value, or the adaptive controller's new start and floor)."""
         if knobs.min_residency_s != self._knobs.min_residency_s:
             self.residency = residency_controller(knobs)
         self._knobs = knobs

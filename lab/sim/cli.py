@@ -58,7 +58,8 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
         "--min-residency",
         type=float,
         default=_DEFAULTS.min_residency_s,
-        help="LVF extension: seconds a (re)started request is spared by the tail scan (0: off)",
+        help="LVF extension: seconds a (re)started request is spared by the tail scan (0: off); "
+        "with adaptive residency, the least the controller may set",
     )
     add(
         "--paper-lvf",
