@@ -3,9 +3,11 @@ FLUSHDB, a failover to an empty replica): the control plane keeps the last versi
 it saw and, when the hash is gone, writes it back as it was, version included, so that workers
 and gateways holding that version change nothing. It writes only into an absent hash (one
 script: never over an admin's write that came first). The control plane owns this because it
-is the one service that polls both hashes and runs as one instance; gateways (several) and
-workers only read them. A control plane started after the loss writes its configured ones
-(``SUPERINFER_KNOBS`` / ``SUPERINFER_SLO_CLASSES``) instead."""
+is the one service that polls both hashes; gateways and workers only read them. With several
+replicas each keeps its own copy and the first to see the loss restores it: a change made
+within one poll (``knobs_poll_s``) before the loss may be one that replica had not seen yet.
+A control plane started after the loss writes its configured ones (``SUPERINFER_KNOBS`` /
+``SUPERINFER_SLO_CLASSES``) instead."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""`superinfer control-plane`: plan every worker's next iteration from its latest snapshot.
+"""`superinfer control-plane`: plan every worker's next iteration from its latest snapshot,
+under LVF (the peers' policies, vllm and the rest, are planned by each worker, as their own
+engines do).
 
 Each worker publishes its snapshots on its own stream; only the newest matters (older ones are
 skipped, so a slow control plane never falls behind). Plans go to each worker's plan stream,
@@ -73,8 +75,8 @@ def to_policy_snapshot(
 
 
 def resolve_b_xfer(knobs: Knobs, msg: StateSnapshot) -> int:
-    """A fixed budget, or ``auto``: the worker's measured link bandwidth x its iteration time,
-    in blocks (its current budget while no bandwidth has been measured)."""
+    """The worker's budget: a fixed one, or ``auto``: its measured link bandwidth x its
+    iteration time, in blocks (its budget in force while no bandwidth has been measured)."""
     return resolve_b_xfer_blocks(
         knobs.b_xfer, msg.link_bytes_per_s, msg.iteration_time_s, msg.block_bytes, msg.b_xfer_blocks
     )
@@ -88,9 +90,11 @@ def plan_for(
 ) -> RotationPlan:
     """The plan for one worker's snapshot (``columns``: its whole table, see
     :func:`to_policy_snapshot`), made with ``knobs`` (version ``knobs_version``) and, for LVF
-    with ``adaptive_residency``, the residency the worker's controller holds."""
+    with ``adaptive_residency``, the residency the worker's controller holds. The plan carries
+    the worker's budget; the policy plans with what its queued copies leave of it."""
     b_xfer = resolve_b_xfer(knobs, msg)
-    snapshot = to_policy_snapshot(msg, b_xfer, columns)
+    available = max(0, b_xfer - msg.b_xfer_queued_blocks)  # as the worker's own LVF plans
+    snapshot = to_policy_snapshot(msg, available, columns)
     knobs = residency_knobs(knobs, msg.lvf_min_residency_s)
     moves = plan_handles(snapshot, knobs)
     return RotationPlan(
@@ -168,7 +172,8 @@ class ControlPlane:
             self._join_round_wanted = False
             self._join_round_s = time.monotonic()
             await self._lease_round()
-        if snapshots and self.knobs_version > 0:  # never with knobs Redis does not hold
+        # never with knobs Redis does not hold; the peers' policies are planned by the workers
+        if snapshots and self.knobs_version > 0 and self.knobs.policy == "lvf":
             await self._publish_plans(snapshots)
         collect_due_garbage()  # the plans are out: off the round trip's critical path
 

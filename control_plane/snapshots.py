@@ -125,7 +125,7 @@ class SnapshotReader:
             name = stream.decode() if isinstance(stream, bytes) else stream
             if name == streams.WORKERS_JOINED_STREAM:
                 self._last_joined_id = entries[-1][0]
-                joined += [f[b"w"].decode() for _, f in entries if isinstance(f.get(b"w"), bytes)]
+                joined += self._joined_ids(entries)
                 continue
             worker_id = streams.worker_of_snapshots_stream(name)
             if worker_id is None or worker_id not in owned or not entries:
@@ -137,6 +137,20 @@ class SnapshotReader:
             if snapshot is not None:
                 snapshots.append(snapshot)
         return snapshots, joined
+
+    def _joined_ids(self, entries: list[Any]) -> list[str]:
+        """The worker ids the announcements name; a malformed one is counted and skipped."""
+        ids = []
+        for _, fields in entries:
+            raw = fields.get(b"w")
+            try:
+                if not isinstance(raw, bytes):
+                    raise ValueError(f"no worker id in {sorted(fields)[:4]!r}")
+                ids.append(raw.decode())
+            except ValueError as exc:  # UnicodeDecodeError is one
+                self.num_malformed += 1
+                log.error("malformed_announcement", error=str(exc)[:200])
+        return ids
 
     def _decoded(self, worker_id: str, data: bytes) -> WorkerSnapshot | None:
         decoder = self._decoders.setdefault(worker_id, DeltaDecoder())

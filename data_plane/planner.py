@@ -1,5 +1,7 @@
-"""The worker's planner: the control plane's newest plan when it is fresh and made with the
-knobs the worker holds, else the same ``shared.policy`` code run locally. It owns the worker's
+"""The worker's planner: under LVF, the control plane's newest plan when it is fresh and made
+with the knobs the worker holds, else the same ``shared.policy`` code run locally; the peers'
+policies (vllm, swap, edf...) always locally, as their engines plan (a remote plan is fitted
+with LVF's joining rules, which are not theirs). It owns the worker's
 one LVF residency controller (its value travels in the snapshots: the control plane plans with
 it). Switches are logged both ways. An iteration with nothing to decide
 (:func:`~shared.policy.nothing_to_decide`: every request runs, its growth covered) is planned
@@ -40,9 +42,15 @@ class HybridPlanner:
 
     @knobs.setter
     def knobs(self, knobs: Knobs) -> None:
-        """New knobs from the control plane: a changed residency restarts the controller
-        there (an operator's pinned value, or the adaptive controller's new start and floor)."""
-        if knobs.min_residency_s != self._knobs.min_residency_s:
+        """New knobs (from Redis): a changed residency, policy or ``adaptive_residency``
+        restarts the controller at the knob (an operator's pinned value, or the adaptive
+        controller's new start and floor), never at a value the old knobs led it to."""
+        old = self._knobs
+        if (knobs.min_residency_s, knobs.policy, knobs.adaptive_residency) != (
+            old.min_residency_s,
+            old.policy,
+            old.adaptive_residency,
+        ):
             self.residency = residency_controller(knobs)
         self._knobs = knobs
 
@@ -101,7 +109,7 @@ class HybridPlanner:
             self.num_quiet += 1
             self._quiet_iteration = snapshot.iteration
             return make_plan(snapshot, knobs)
-        remote = self.remote_for(snapshot.iteration)
+        remote = self.remote_for(snapshot.iteration) if knobs.policy == "lvf" else None
         self._switch("local" if remote is None else "remote", snapshot.iteration)
         if remote is None:
             self.num_local += 1

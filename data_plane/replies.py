@@ -116,21 +116,30 @@ class Replies:
         replica) is kept for the next call, up to ``MAX_UNSENT_OUTPUTS`` per stream; a batch
         that cannot be encoded, or a stream that is not a stream (WRONGTYPE), loses its batch,
         logged, and blocks no other: the gateway then sees a gap."""
-        batches = self._unsent
+        # Taken out before the write: what reject() adds while it is in flight (a request
+        # refused between steps) is kept apart and goes with the next call.
+        batches, self._unsent = self._unsent, {}
         for stream, batch in self.token_batches(outputs).items():
             batches.setdefault(stream, []).extend(batch)
         encoded = _encoded(batches)
-        self._unsent = {stream: batches[stream] for stream in encoded}
+        sending = {stream: batches[stream] for stream in encoded}
         if not encoded and not self._lifecycle:
             return
-        async with redis.pipeline(transaction=False) as pipe:
-            for stream, messages in encoded.items():
-                for data in messages:
-                    pipe.xadd(stream, {"m": data}, maxlen=streams.MAXLEN_OUTPUTS, approximate=True)
-            self.queue_lifecycle(pipe)
-            results = await pipe.execute(raise_on_error=False)
+        try:
+            async with redis.pipeline(transaction=False) as pipe:
+                for stream, messages in encoded.items():
+                    for data in messages:
+                        pipe.xadd(
+                            stream, {"m": data}, maxlen=streams.MAXLEN_OUTPUTS, approximate=True
+                        )
+                self.queue_lifecycle(pipe)
+                results = await pipe.execute(raise_on_error=False)
+        except BaseException:  # connection lost: everything is kept for the next call
+            self._unsent = _merged(sending, self._unsent)
+            raise
         counts = [len(messages) for messages in encoded.values()]
-        self._unsent = _still_unsent(self._unsent, _per_stream(results, counts))
+        failed = _still_unsent(sending, _per_stream(results, counts))
+        self._unsent = _merged(failed, self._unsent)
 
 
 MAX_UNSENT_OUTPUTS = 65_536  # per reply stream, kept while Redis refuses writes
@@ -148,6 +157,15 @@ def _encoded(batches: dict[str, list[TokenOutput]]) -> dict[str, list[bytes]]:
         except (TypeError, ValueError) as exc:
             log.error("outputs_not_encodable", stream=stream, error=repr(exc))
     return encoded
+
+
+def _merged(
+    older: dict[str, list[TokenOutput]], newer: dict[str, list[TokenOutput]]
+) -> dict[str, list[TokenOutput]]:
+    """``older``'s batches with ``newer``'s outputs after them, stream by stream."""
+    for stream, batch in newer.items():
+        older.setdefault(stream, []).extend(batch)
+    return older
 
 
 def _per_stream(results: list[Any], counts: list[int]) -> list[Any]:

@@ -67,7 +67,8 @@ def state_snapshot(
         block_bytes=identity.block_bytes,
         max_num_batched_tokens=snapshot.max_num_batched_tokens,
         max_num_seqs=snapshot.max_num_seqs,
-        b_xfer_blocks=snapshot.b_xfer_blocks,
+        b_xfer_blocks=kv.b_xfer_blocks,
+        b_xfer_queued_blocks=kv.num_queued_rotation_blocks,
         iteration_time_s=iteration_time_s,
         link_bytes_per_s=stats.link_bytes_per_s,  # measured by the transfer engine; 0 until then
         plan_source=plan_source,

@@ -146,14 +146,19 @@ class Worker:
             step = asyncio.create_task(self._step())
             try:
                 fetched = await self._fetch(block_ms=None)
-            finally:
+            except BaseException:  # cancelled: the step still ends before the worker stops
+                await asyncio.gather(step, return_exceptions=True)
+                raise
+            try:
                 await step
+            finally:  # even after a failed step: what was read must not sit unacknowledged
+                await self._apply(*fetched)
         else:
             fetched = await self._fetch(block_ms=self.settings.idle_block_ms)
             if self.replies.has_pending:  # a failed write's outputs, with nothing else to send
                 await self._flush_sends()
                 await self.replies.send(self.redis, [])
-        await self._apply(*fetched)
+            await self._apply(*fetched)
         if self.gateways.unswept:
             await sweep_orphans(self.gateways, self.engine, self.replies, self.redis)
         self.knobs.apply()  # the planner changes between steps only
@@ -417,8 +422,8 @@ class Worker:
 
     def _snapshot_bytes(self, result: StepResult, iteration_time_s: float) -> bytes | None:
         """The step's encoded snapshot (a delta against the newest fresh plan's table when
-        that pays), or None (logged) when a value cannot travel (e.g. a client's non-finite
-        arrival time): the worker then plans locally, it does not stop."""
+        that pays), or None (logged) when a value cannot travel: the worker then plans locally,
+        it does not stop."""
         identity = WorkerIdentity(self.settings.worker_id, self.epoch, self.block_bytes)
         iteration = result.snapshot.iteration
         try:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.model_source import default_model
@@ -42,9 +44,10 @@ class WorkerSettings(BaseSettings):
     enable_prefix_caching: bool = True
     dram_prefix_caching: bool = True
     # The knobs' policy and B_xfer where Redis has no knobs yet (written there before the first
-    # step); the worker plans with the knobs in Redis, whoever wrote them.
-    policy: str = "vllm"
-    b_xfer: int = 2400
+    # step); the worker plans with the knobs in Redis, whoever wrote them. B_xfer None (or
+    # "auto"): the measured link bandwidth x the iteration time.
+    policy: str = "lvf"
+    b_xfer: int | None = Field(default=None, ge=1)
     plan_max_age_iterations: int = 4  # older remote plans are ignored; the worker plans locally
     # Snapshots as deltas against the table of the newest fresh plan (the rows changed since:
     # shared/protocol/delta.py); off: every snapshot carries its whole table.
@@ -60,3 +63,9 @@ class WorkerSettings(BaseSettings):
     health_host: str = "0.0.0.0"
     drain_timeout_s: float = 30.0  # on SIGTERM: finish the requests it owns for up to this long
     redis_timeout_s: float = 5.0  # every Redis call (longer than any blocking read's block time)
+
+    @field_validator("b_xfer", mode="before")
+    @classmethod
+    def _auto_b_xfer(cls, value: Any) -> Any:
+        """``auto`` (or empty) is None: B_xfer measured on the link."""
+        return None if isinstance(value, str) and value.strip().lower() in ("auto", "") else value

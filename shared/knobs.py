@@ -54,7 +54,7 @@ KNOB_RANGES: dict[str, tuple[float, float]] = {
     "slo_tbt_s": (1e-3, 86_400.0),
     "min_residency_s": (0.0, 86_400.0),
     "tpot_headroom_s": (0.0, 86_400.0),
-    "b_xfer": (0, MAX_B_XFER_BLOCKS),
+    "b_xfer": (1, MAX_B_XFER_BLOCKS),  # 0 would strand copies already queued
     "demote_late_s": (0.0, 86_400.0),
 }
 
@@ -64,8 +64,6 @@ def knobs_from_mapping(raw: dict[str, Any], base: Knobs | None = None) -> Knobs:
     values = asdict(base or Knobs())
     names = {f.name for f in fields(Knobs)}
     for key, value in raw.items():
-        if key == "version":
-            continue
         if key not in names:
             raise ValueError(f"unknown knob {key!r}")
         values[key] = _parse(key, value)

@@ -166,11 +166,12 @@ class Engine:
             slo_ttft_s=slo_ttft_s,
             slo_tbt_s=slo_tbt_s,
         )
-        request.tenant = self.tenants.enter(tenant, request.t_arr_s)
         if params.structured is not None:
             if self.grammars is None:
                 raise RequestError("this engine serves no structured outputs")
             request.grammar = self.grammars.matcher(params.structured)
+        # last: a request refused above must not count as one of its tenant's live requests
+        request.tenant = self.tenants.enter(tenant, request.t_arr_s)
         if params.prompt_logprobs is None:  # else its whole prompt is computed: no cache hit
             request.block_keys = self.kv.prefix_keys(request.prompt_token_ids)
         eos_ids = () if params.ignore_eos else self.eos_token_ids

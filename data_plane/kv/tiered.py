@@ -144,6 +144,11 @@ class KVCacheManager(BlockTables):
         self.b_xfer_blocks = max(1, num_blocks) if self.has_dram else 0
 
     @property
+    def num_queued_rotation_blocks(self) -> int:
+        """Rotation copies queued, not yet issued (they use up the next budgets)."""
+        return self._copies.num_queued_urgent
+
+    @property
     def b_xfer_available(self) -> int:
         """The budget a policy may plan with: B_xfer minus rotation copies still queued."""
         return max(0, self.b_xfer_blocks - self._copies.num_queued_urgent)

@@ -43,6 +43,7 @@ from shared.policy.columns import ColumnarSnapshot, columnar_from_snapshot
 from shared.policy.types import Knobs, Snapshot
 
 OVERDUE_CAP = 20.0  # one request out for minutes must not stand for the whole batch
+RAISE_FROM_S = 0.1  # a residency of 0 is raised as if it were this (doubling 0 stays 0)
 
 
 @dataclass(slots=True)
@@ -73,7 +74,7 @@ class ResidencyController:
         if self._t_decided_s is not None and now - self._t_decided_s >= self.period_s:
             self._t_decided_s = now
             if self.overdue > self.overdue_high:
-                self.value_s = min(self.max_s, self.value_s * 2.0)
+                self.value_s = min(self.max_s, max(self.value_s, RAISE_FROM_S) * 2.0)
             elif self.overdue < self.overdue_low:
                 self.value_s = max(self.min_s, self.value_s / 1.5)
         return self.value_s

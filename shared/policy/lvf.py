@@ -99,8 +99,10 @@ def lvf_transitions(
     b_hbm = snapshot.num_free_hbm_blocks - int(growth.sum())
     seats_free = snapshot.max_num_seqs - len(running)
     if b_hbm >= int(blk[candidates].sum()):  # step 1: no contention, FCFS
-        arrival = np.lexsort((columns.arrival_seq[candidates], columns.t_arr_s[candidates]))
-        chosen = candidates[arrival[: max(0, seats_free)]]
+        # a rotary request whose rotate-out copy is in flight cannot come back: no seat for it
+        ready = candidates[(columns.num_blocks_hbm[candidates] == 0) | waiting[candidates]]
+        arrival = np.lexsort((columns.arrival_seq[ready], columns.t_arr_s[ready]))
+        chosen = ready[arrival[: max(0, seats_free)]]
         return join_and_pack(
             snapshot, running, growth, chosen, (EMPTY, EMPTY), True, knobs, with_batch
         )

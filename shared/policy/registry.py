@@ -17,10 +17,8 @@ from shared.policy.columns import (
 )
 from shared.policy.joining import running_growth
 from shared.policy.lvf import lvf, lvf_transitions
-from shared.policy.types import Knobs, Plan, RequestView, Snapshot
+from shared.policy.types import POLICY_NAMES, Knobs, Plan, RequestView, Snapshot
 from shared.policy.vllm import priority_key, vllm
-
-POLICY_NAMES = ("vllm", "vllm-priority", "swap", "edf", "lvf")
 
 
 def make_plan(snapshot: Snapshot | ColumnarSnapshot, knobs: Knobs) -> Plan:

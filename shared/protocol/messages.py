@@ -35,6 +35,12 @@ class SubmitRequest:
             raise ValueError("request_id is empty")
         if not self.prompt_token_ids:
             raise ValueError("prompt_token_ids is empty")
+        if not math.isfinite(self.t_arr_s):  # it would make every snapshot of its worker fail
+            raise ValueError(f"t_arr_s must be finite, got {self.t_arr_s}")
+        for name in ("slo_ttft_s", "slo_tbt_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be finite and > 0, got {value}")
 
 
 @message("abort")
@@ -241,6 +247,7 @@ _SNAPSHOT_COUNTS = (
     "max_num_batched_tokens",
     "max_num_seqs",
     "b_xfer_blocks",
+    "b_xfer_queued_blocks",
 )
 _MAX_COUNT = 2**53  # the policy does numpy int64 arithmetic with these
 # tenant indexes a worker keeps, 0 (none) included (data_plane/engine/tenants.py)
@@ -263,7 +270,7 @@ class StateSnapshot:
     block_bytes: int
     max_num_batched_tokens: int
     max_num_seqs: int
-    b_xfer_blocks: int
+    b_xfer_blocks: int  # the worker's B_xfer in force (its budget, what a plan sets)
     iteration_time_s: float
     link_bytes_per_s: float  # measured rotation bandwidth (0 when unknown)
     plan_source: str  # remote | local
@@ -276,6 +283,9 @@ class StateSnapshot:
     # Each tenant's recent service (tokens computed, decayed), indexed by the requests'
     # ``tenants`` column: what LVF's per-tenant fairness reads. Empty: no tenants.
     tenant_service: list[float] = field(default_factory=list)
+    # Rotation copies queued on the worker: they use up the next budgets, so a plan may move
+    # max(0, B_xfer - these) blocks (the input the worker's own LVF gets).
+    b_xfer_queued_blocks: int = 0
 
     def __post_init__(self) -> None:
         if self.delta is not None:

@@ -297,7 +297,7 @@ async def test_knob_change_reaches_the_next_plans(redis_client, stories_path) ->
     await asyncio.sleep(0.3)
     with pytest.raises(ValueError, match="alpha"):
         await write_knobs(redis_client, {"alpha": "-1"})
-    _, version = await write_knobs(redis_client, {"policy": "vllm"})
+    _, version = await write_knobs(redis_client, {"alpha": 2.0})
     t_changed = time.monotonic()
     await _push(redis_client, [_submit(i, [1]) for i in range(6)])
     plans_stream = streams.worker_plans_stream("w0")
@@ -305,17 +305,22 @@ async def test_knob_change_reaches_the_next_plans(redis_client, stories_path) ->
     while time.monotonic() - t_changed < 5:
         entries = await redis_client.xrevrange(plans_stream, count=1)
         if entries:
-            from shared.protocol import RotationPlan
-
             plan = decode(entries[0][1][b"m"], RotationPlan)
             if plan.knobs_version == version:
                 policy = plan.policy
                 break
         await asyncio.sleep(0.02)
     elapsed = time.monotonic() - t_changed
-    await services.stop()
-    assert policy == "vllm"
+    assert policy == "lvf"
     assert elapsed < 1.0, f"knob change took {elapsed:.2f} s to reach a plan"
+    # The peers' policies plan in their workers, as their engines do: no plan for them.
+    _, version = await write_knobs(redis_client, {"policy": "vllm"})
+    await _push(redis_client, [_submit(i, [1]) for i in range(6, 12)])
+    await _collect(redis_client, {f"req-{i}" for i in range(6, 12)})
+    entries = await redis_client.xrevrange(plans_stream, count=1)
+    await services.stop()
+    assert decode(entries[0][1][b"m"], RotationPlan).knobs_version < version
+    assert services.worker.planner.source == "local"
 
 
 async def test_one_control_plane_steers_two_workers(

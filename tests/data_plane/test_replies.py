@@ -3,6 +3,7 @@ that count what was sent, finished requests forgotten with their lifecycle writt
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -108,6 +109,34 @@ class _FailingSnapshots:
         if self.snapshot:
             raise ConnectionError("Redis went away")
         return await self.pipe.execute(**kwargs)
+
+
+async def test_a_refusal_made_while_a_write_is_in_flight_is_sent_next(
+    redis_client: Redis,
+) -> None:
+    """The worker refuses a request (a 400 for its gateway) between steps while the last
+    step's outputs are being written: the refusal goes with the next write, never lost (it
+    was, and the client waited for a 504)."""
+    import asyncio
+
+    replies = _replies()
+    sending = asyncio.create_task(replies.send(redis_client, [RequestOutput("r1", [5], 1)]))
+    await asyncio.sleep(0)  # the write is in flight
+    refusal = TokenOutput("bad", 0, [], "error", "token ids out of range", error_kind="rejected")
+    replies.reject(GW_B, refusal)
+    replies.reject(GW_A, dataclasses.replace(refusal, request_id="bad2"))
+    await sending
+    await replies.send(redis_client, [])
+    got = {
+        stream: [o.request_id for e in await redis_client.xrange(stream) for o in _outs(e)]
+        for stream in (GW_A, GW_B)
+    }
+    await redis_client.delete(GW_A, GW_B)
+    assert got == {GW_A: ["r1", "bad2"], GW_B: ["bad"]} and not replies.has_pending
+
+
+def _outs(entry: Any) -> list[TokenOutput]:
+    return decode(entry[1][b"m"], TokenOutputs).outputs
 
 
 async def test_a_failed_snapshot_write_still_sends_the_tokens(redis_client: Redis) -> None:

@@ -57,3 +57,19 @@ def test_the_engine_charges_computed_tokens_to_the_tenant() -> None:
     assert 103 * math.exp(-now / window_s) <= service[1] <= 103
     assert service[0] == 0.0 and len(engine.tenants) == 1
     assert engine.snapshot(now).tenant_service == pytest.approx(service)
+
+
+def test_a_refused_request_is_not_one_of_its_tenants_live_requests() -> None:
+    """Every check runs before the tenant is counted: a refused request leaves no live count
+    behind (one would keep its tenant's index from ever being recycled)."""
+    from data_plane.engine.request import RequestError
+    from shared.sampling import StructuredOutput
+
+    setup = SimSetup(load_profile("h200-llama3-8b"), 1.0, 0.0)
+    engine = build_parts("lvf", Knobs(policy="lvf"), setup).engine  # no grammar engine
+    structured = StructuredOutput("regex", "[ab]+")
+    params = SamplingParams(max_tokens=4, temperature=0.0, structured=structured)
+    for attempt in range(3):
+        with pytest.raises(RequestError, match="structured"):
+            engine.add_request(f"r{attempt}", [1, 2, 3], params, t_arr_s=0.0, tenant="acme")
+    assert len(engine.tenants) == 0 and not engine.requests

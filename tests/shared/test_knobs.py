@@ -61,6 +61,15 @@ async def test_a_bad_update_writes_nothing(redis_client: Redis) -> None:
     assert await read_knobs(redis_client) == before
 
 
+async def test_the_version_is_not_a_knob_to_write(redis_client: Redis) -> None:
+    """``{"version": ...}`` would change nothing yet bump the version (workers drop their
+    plans): refused, naming it."""
+    before = await write_knobs(redis_client, {"alpha": 2.0})
+    with pytest.raises(ValueError, match="'version'"):
+        await write_knobs(redis_client, {"version": "banana"})
+    assert await read_knobs(redis_client) == before
+
+
 async def test_seeding_writes_only_where_redis_has_none(redis_client: Redis) -> None:
     flags = Knobs(policy="lvf", b_xfer=64)
     assert await seed_knobs(redis_client, flags) == (flags, 1)
@@ -78,7 +87,9 @@ async def test_seeding_writes_only_where_redis_has_none(redis_client: Redis) -> 
 
 
 async def test_concurrent_seeders_agree_on_one(redis_client: Redis) -> None:
-    seeds = [Knobs(policy=p, b_xfer=i) for i, p in enumerate(["lvf", "vllm", "edf", "swap"] * 5)]
+    seeds = [
+        Knobs(policy=p, b_xfer=i + 1) for i, p in enumerate(["lvf", "vllm", "edf", "swap"] * 5)
+    ]
     results = await asyncio.gather(*(seed_knobs(redis_client, s) for s in seeds))
     (in_force,) = set(results)
     assert in_force[1] == 1 and in_force[0] in seeds

@@ -19,7 +19,7 @@ from shared.policy.adaptive import (
     residency_knobs,
 )
 from shared.policy.columns import columnar_from_snapshot
-from tests.shared.policy_views import rotary, running, snap, waiting
+from tests.shared.policy_views import BS, rotary, running, snap, waiting
 
 ADAPTIVE = Knobs(policy="lvf", adaptive_residency=True, slo_tbt_s=0.1)
 
@@ -76,6 +76,15 @@ def test_an_engines_controller_never_goes_below_the_knob() -> None:
     assert residency_controller(dataclasses.replace(knobs, min_residency_s=20.0)).max_s == 20.0
 
 
+def test_a_floor_of_zero_still_rises_under_lateness() -> None:
+    """``min_residency_s`` 0 is a floor, not "off": doubling 0 would stay 0 forever."""
+    controller = residency_controller(dataclasses.replace(ADAPTIVE, min_residency_s=0.0))
+    assert controller.value_s == 0.0
+    for step in range(100):
+        controller.observe(columnar_from_snapshot(_late(10.0 + 0.1 * step, 0.6)), 0.1)
+    assert controller.value_s == 8.0
+
+
 def test_knobs_change_only_for_adaptive_lvf() -> None:
     snapshot = _late(10.0, 0.6)
     for knobs in (
@@ -98,6 +107,27 @@ def test_the_worker_planner_feeds_it_and_a_new_residency_knob_restarts_it() -> N
     assert planner.residency.value_s > ADAPTIVE.min_residency_s
     planner.knobs = dataclasses.replace(ADAPTIVE, min_residency_s=0.3)
     assert planner.residency.value_s == 0.3
+    for step in range(40, 80):
+        planner(_late(10.0 + 0.1 * step, 0.6))
+    assert planner.residency.value_s > 0.3
+    pinned = dataclasses.replace(ADAPTIVE, min_residency_s=0.3, adaptive_residency=False)
+    planner.knobs = pinned  # off and on again: it restarts at the knob, not where it was
+    planner.knobs = dataclasses.replace(pinned, adaptive_residency=True)
+    assert planner.residency.value_s == 0.3
+
+
+def test_the_peers_policies_never_follow_a_remote_plan() -> None:
+    """A remote plan is fitted with LVF's joining rules: under vllm the worker plans alone."""
+    from shared.protocol import RotationPlan
+
+    planner = HybridPlanner(Knobs(policy="vllm"), max_age_iterations=4, epoch="e")
+    # 6 blocks of prompt, 2 free: the first chunk (2 blocks' tokens) fits, the whole KV not
+    snapshot = snap(waiting("w", t_arr=9.0, blocks=6), free=2, budget=2 * BS, t_now=10.0)
+    remote = RotationPlan("w0", "e", 0, 0, "vllm", [], [], [], [], False, 0.0, 8)
+    assert planner.offer(remote)
+    plan = planner(snapshot)
+    assert planner.source == "local" and planner.num_remote == 0
+    assert plan.admit_ids == ["w"]  # vLLM admits on its first chunk's blocks, not its whole KV
 
 
 def test_a_workers_residency_is_planned_with_only_under_adaptive_lvf() -> None:

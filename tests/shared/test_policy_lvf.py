@@ -52,6 +52,21 @@ def at_block_boundary(rid: str, blocks: int, t_last: float | None = None) -> Req
     )
 
 
+def test_paper_lvf_is_every_extension_off() -> None:
+    """§3's VLT across classes too: no deadline shift, no residency yielding to a class."""
+    assert not S4.deadline_lag and not S4.residency_yields_to_tighter
+    assert S4.min_residency_s == 0 and not (S4.rotate_only_for_lag or S4.tpot_lag)
+
+
+def test_fcfs_fallback_seats_go_to_requests_that_can_start() -> None:
+    """Without contention, a rotary request whose rotate-out copy is still in flight (it
+    holds HBM blocks) cannot come back yet: the last free seat goes to the next in line."""
+    leaving = rotary("leaving", t_last=4.0, seq=1)._replace(num_blocks_hbm=2)
+    later = waiting("later", t_arr=6.0, seq=2)
+    plan = make_plan(snap(leaving, later, free=50, seqs=1), S4)
+    assert plan.fcfs_fallback and plan.admit_ids == ["later"] and not plan.resume_ids
+
+
 def test_fcfs_fallback_when_free_hbm_after_growth_covers_waiting_and_rotary() -> None:
     # x decodes at a block boundary: its next token needs a new block (growth 1)
     x = at_block_boundary("x", 2)

@@ -176,10 +176,11 @@ def test_knobs_reject_invalid_values() -> None:
         Knobs(alpha=-0.1)
     with pytest.raises(ValueError):
         Knobs(slo_tbt_s=0.0)
-    with pytest.raises(ValueError, match="b_xfer"):
-        Knobs(b_xfer=-1)
-    with pytest.raises(ValueError, match="unknown policy"):
-        make_plan(snap(free=1), Knobs(policy="sjf"))
+    for b_xfer in (-1, 0):  # 0 would leave copies already queued stranded
+        with pytest.raises(ValueError, match="b_xfer"):
+            Knobs(b_xfer=b_xfer)
+    with pytest.raises(ValueError, match="'sjf' is not one of"):  # a worker's --policy typo
+        Knobs(policy="sjf")
 
 
 # ---- step 1: the contention check ----------------------------------------------------------
