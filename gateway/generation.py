@@ -93,6 +93,9 @@ class Generation:
         self.num_prompt_tokens = len(params.prompt_token_ids)
         self.num_completion_tokens = 0
         self.finish_reason: str | None = None
+        # vLLM's stop_reason: the stop string or stop token id that ended it (None: EOS,
+        # a length, or not ended yet)
+        self.stop_reason: str | int | None = None
         self._timeline = _Timeline(time.time())
         sampling = params.sampling
         self._detok = IncrementalDetokenizer(
@@ -200,12 +203,19 @@ class Generation:
             self.prompt_logprobs = msg.prompt_logprobs
         self._timeline.on_tokens(len(msg.token_ids), now)
         self.num_completion_tokens += len(msg.token_ids)
-        text = self._detok.add(msg.token_ids)
         reason = msg.finish_reason
+        shown = msg.token_ids
+        if reason == "stop" and shown:  # the worker stops on a stop token (EOS or asked for)
+            if shown[-1] in self.params.sampling.stop_token_ids:
+                self.stop_reason = shown[-1]
+            if not self.params.sampling.include_stop_str_in_output:
+                shown = shown[:-1]  # not in the text (vLLM's)
+        text = self._detok.add(shown)
         if self._detok.stopped:  # a stop string ends it, even in the worker's last message
             if reason is None:
                 self.service.abort_later(self.record.route)  # the worker need not go on
             reason = "stop"
+            self.stop_reason = self._detok.stop_string
         if reason is not None:
             text += self._detok.flush()
             self.finish_reason = reason

@@ -1,8 +1,9 @@
 """Log-probabilities in OpenAI's and vLLM's response shapes, from the worker's columns
 (:class:`shared.logprobs.TokenLogprobs`).
 
-- completions: ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`` (the prompt's
-  first token, with ``echo``, has ``null`` for its log-probability and top);
+- completions: ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, each top map
+  holding the position's own token and the N most likely (the prompt's first token, with
+  ``echo``, has ``null`` for its log-probability and top);
 - chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}``;
 - vLLM's ``prompt_logprobs``: ``[null, {"<id>": {"logprob", "rank", "decoded_token"}}, ...]``.
 
@@ -43,12 +44,14 @@ class CompletionLogprobs:
         self._add(token_id, None, None)
 
     def add(self, token_ids: list[int] | tuple[int, ...], values: TokenLogprobs) -> None:
+        """Positions with their token's log-probability and a top map of that token first,
+        then the N most likely (up to N + 1 entries, as OpenAI's and vLLM's completions)."""
         for i, token_id in enumerate(token_ids):
-            top = {
-                self.decode(t): _finite(v)
-                for t, v in zip(values.top_ids[i], values.top_logprobs[i], strict=True)
-            }
-            self._add(token_id, _finite(values.logprobs[i]), top)
+            logprob = _finite(values.logprobs[i])
+            top = {self.decode(token_id): logprob}
+            for t, v in zip(values.top_ids[i], values.top_logprobs[i], strict=True):
+                top.setdefault(self.decode(t), _finite(v))
+            self._add(token_id, logprob, top)
 
     def _add(self, token_id: int, logprob: float | None, top: dict[str, float] | None) -> None:
         text = self.decode(token_id)

@@ -94,6 +94,12 @@ class SamplingFields(BaseModel):
 
     _sampling_text = field_validator("model", "stop", "user")(valid_unicode)
 
+    @field_validator("stream", mode="before")
+    @classmethod
+    def _stream_null_is_false(cls, value: Any) -> Any:
+        """OpenAI's schema allows ``stream: null``: not streamed."""
+        return False if value is None else value
+
 
 class TextPart(BaseModel):
     type: Literal["text"]

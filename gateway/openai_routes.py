@@ -77,13 +77,13 @@ async def chat_completions(
     choices = await _admit_and_start(
         state, request, body, prompts, max_tokens, "chatcmpl", plan.structured
     )
-    request_id, decode = choices[0].generation.request_id, state.prompts.token_text
+    request_id, decode = _response_id(choices), state.prompts.token_text
     head = {"id": request_id, "created": int(time.time()), "model": state.model_name}
     if body.stream:
         streams = [
             ChoiceStream(
                 c,
-                _chat_chunk(head, c.index),
+                _chat_chunk(head, c),
                 first={"role": "assistant", "content": ""},
                 chunk_logprobs=ChatChunkLogprobs(decode) if body.logprobs else None,
                 tools=ToolStream(plan) if plan.calls_tools else None,
@@ -97,7 +97,7 @@ async def chat_completions(
         message, reason = assistant_message(plan, c.text, c.generation.finish_reason)
         logprobs = c.chat_logprobs(decode) if body.logprobs else None
         response["choices"].append(
-            {"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": reason}
+            {"index": c.index, "message": message, "logprobs": logprobs, **_finish(c, reason)}
         )
     response["usage"] = usage(choices)
     if body.prompt_logprobs is not None:  # vLLM's place for it: the response's
@@ -113,7 +113,7 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
         raise APIError(400, "max_tokens 0 needs echo: true", param="max_tokens")
     prompts = state.prompts.completion(body.prompt)
     choices = await _admit_and_start(state, request, body, prompts, max(1, max_tokens), "cmpl")
-    request_id, decode = choices[0].generation.request_id, state.prompts.token_text
+    request_id, decode = _response_id(choices), state.prompts.token_text
     if body.echo:
         await _set_echo(state, body, choices, echo_only=max_tokens == 0)
     head = {"id": request_id, "created": int(time.time()), "model": state.model_name}
@@ -122,7 +122,7 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
         streams = [
             ChoiceStream(
                 c,
-                _completion_chunk(head, c.index),
+                _completion_chunk(head, c),
                 chunk_logprobs=CompletionChunkLogprobs(decode) if with_logprobs else None,
             )
             for c in choices
@@ -134,7 +134,7 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
         choice = {"index": c.index, "text": c.text, "logprobs": None}
         if with_logprobs:
             choice["logprobs"] = c.completion_logprobs(decode)
-        choice["finish_reason"] = c.generation.finish_reason
+        choice |= _finish(c, c.generation.finish_reason)
         if body.prompt_logprobs is not None:  # vLLM's place for it: each choice's
             choice["prompt_logprobs"] = _prompt_logprobs(c, decode)
         response["choices"].append(choice)
@@ -238,6 +238,12 @@ async def _start_choices(
         raise
 
 
+def _response_id(choices: list[Choice]) -> str:
+    """The response's id: its one choice's, or what every choice's id starts with."""
+    first = choices[0].generation.request_id
+    return first if len(choices) == 1 else first.removesuffix("-0")
+
+
 def _choice_id(request_id: str, index: int, num_choices: int) -> str:
     """The wire id of choice ``index`` (the response's id alone for a single choice)."""
     return request_id if num_choices == 1 else f"{request_id}-{index}"
@@ -283,21 +289,30 @@ def _json(content: dict[str, Any], request_id: str) -> JSONResponse:
     return JSONResponse(content, headers={"x-request-id": request_id})
 
 
-def _chat_chunk(head: dict[str, Any], index: int) -> ChunkBuilder:
+def _chat_chunk(head: dict[str, Any], choice: Choice) -> ChunkBuilder:
     def build(text: str, finish_reason: str | None) -> dict[str, Any]:
         delta = {"content": text} if text or finish_reason is None else {}
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return {**head, "object": "chat.completion.chunk", "choices": [choice]}
+        body = {"index": choice.index, "delta": delta, "logprobs": None}
+        body |= _finish(choice, finish_reason)
+        return {**head, "object": "chat.completion.chunk", "choices": [body]}
 
     return build
 
 
-def _completion_chunk(head: dict[str, Any], index: int) -> ChunkBuilder:
+def _completion_chunk(head: dict[str, Any], choice: Choice) -> ChunkBuilder:
     def build(text: str, finish_reason: str | None) -> dict[str, Any]:
-        choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return {**head, "object": "text_completion", "choices": [choice]}
+        body = {"index": choice.index, "text": text, "logprobs": None}
+        body |= _finish(choice, finish_reason)
+        return {**head, "object": "text_completion", "choices": [body]}
 
     return build
+
+
+def _finish(choice: Choice, finish_reason: str | None) -> dict[str, Any]:
+    """A choice's finish_reason and vLLM's stop_reason (the stop string or token id that
+    ended it; null otherwise and until the end)."""
+    stop_reason = choice.generation.stop_reason if finish_reason is not None else None
+    return {"finish_reason": finish_reason, "stop_reason": stop_reason}
 
 
 def _sse(streams: list[ChoiceStream], body: SamplingFields, request_id: str) -> SseResponse:

@@ -104,6 +104,11 @@ class PromptEncoder:
 
     def _decode(self, token_ids: list[int], each: bool) -> list[str]:
         decode = self.tokenizer.decode
+        known = self.tokenizer.vocab_size
+        unknown = [t for t in token_ids if not 0 <= t < known]
+        if unknown:  # a tokenizer drops what it does not know: never a silent ""
+            message = f"tokens: {unknown[0]} is not an id of this tokenizer (0..{known - 1})"
+            raise APIError(400, message, param="tokens")
         try:
             return [decode(token_ids), *(decode([t]) for t in token_ids if each)]
         except (IndexError, KeyError, ValueError, OverflowError, TypeError) as exc:

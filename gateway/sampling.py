@@ -160,10 +160,14 @@ def _vllm_structured(params: object) -> StructuredOutput:
 
 
 def check_choices(body: SamplingFields) -> None:
-    """What the choices of one response may not combine: vLLM's prompt_logprobs come whole,
-    not streamed."""
+    """What the fields of one request may not combine (vLLM's answers): prompt_logprobs come
+    whole, not streamed; stream_options only with stream; an empty stop string stops nothing."""
     if body.stream and body.prompt_logprobs is not None:
         raise APIError(400, "prompt_logprobs is not served with stream: true", param="stream")
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "stream_options can only be given with stream: true", "stream_options")
+    if body.stop == "" or (isinstance(body.stop, list) and "" in body.stop):
+        raise APIError(400, "stop cannot contain an empty string", param="stop")
 
 
 def _logprobs(body: SamplingFields) -> tuple[int | None, int | None]:
@@ -191,7 +195,6 @@ def sampling_params(
     """The body's sampling fields with OpenAI's defaults (temperature and top_p 1; top_k -1 or
     0 is off, as in vLLM); stop strings within the gateway's limits."""
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    stop = [s for s in stop if s]  # an empty stop string stops nothing (as before: ignored)
     if len(stop) > settings.max_stop_strings or any(
         len(s) > settings.max_stop_string_chars for s in stop
     ):

@@ -67,7 +67,10 @@ def plan_tools(body: ChatCompletionRequest, auto_enabled: bool, parser: str | No
         choice = "auto" if tools else "none"
     if choice == "none" or not tools:
         if choice not in ("none", "auto"):
-            raise APIError(400, "tool_choice names a tool but no tools are given", "tool_choice")
+            wanted = "required" if choice == "required" else "a named function"
+            raise APIError(
+                400, f"tool_choice {wanted} needs tools, and none are given", "tool_choice"
+            )
         return ToolPlan("none")
     if choice == "auto":
         if not (auto_enabled and parser):

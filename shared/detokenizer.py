@@ -38,6 +38,7 @@ class IncrementalDetokenizer:
         self._raw = ""  # decoded output text (cut at a stop string once one is seen)
         self._num_emitted = 0  # characters of _raw already released
         self.stopped = False  # a stop string was found: the request is over
+        self.stop_string: str | None = None  # the one found (vLLM's stop_reason)
 
     @property
     def text(self) -> str:
@@ -81,9 +82,9 @@ class IncrementalDetokenizer:
         if not self._stop or self._num_tokens < self._min_tokens:
             return
         start = max(0, self._num_emitted - self._hold_chars)
-        hits = [(i, len(s)) for s in self._stop if (i := self._raw.find(s, start)) >= 0]
+        hits = [(i, len(s), s) for s in self._stop if (i := self._raw.find(s, start)) >= 0]
         if hits:
-            index, length = min(hits)
+            index, length, self.stop_string = min(hits)
             self._raw = self._raw[: index + length if self._include_stop_str else index]
             self.stopped = True
 

@@ -38,6 +38,10 @@ class ByteTokenizer:
         raw = bytes(t - self.offset for t in token_ids if self.offset <= t < self.offset + 256)
         return raw.decode("utf-8", errors="replace")
 
+    @property
+    def vocab_size(self) -> int:
+        return self.offset + 256
+
     def token_bytes(self, vocab_size: int) -> list[bytes]:
         """Each id's bytes in decoded text (b"" for ids that decode to nothing)."""
         return [
@@ -143,6 +147,10 @@ class Llama2cTokenizer:
                     if pair >= 0:
                         heapq.heappush(heap, rank[pair] * size + left)
         return [t for t in tokens if t >= 0]
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
 
     def decode(self, token_ids: list[int]) -> str:
         out = bytearray()

@@ -18,6 +18,11 @@ class Tokenizer(Protocol):
 
     def decode(self, token_ids: list[int]) -> str: ...
 
+    @property
+    def vocab_size(self) -> int:
+        """Ids this tokenizer knows: 0 .. vocab_size - 1 (a model's may be padded past it)."""
+        ...
+
 
 class HFTokenizer:
     """A ``tokenizers`` fast tokenizer loaded from a local ``tokenizer.json``."""
@@ -48,6 +53,10 @@ class HFTokenizer:
 
     def decode(self, token_ids: list[int]) -> str:
         return str(self._tok.decode(token_ids, skip_special_tokens=True))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
 
     @property
     def fast(self) -> Any:

@@ -14,8 +14,9 @@ def check_stop(
     max_model_len: int,
     tokenizer: Tokenizer | None,
 ) -> tuple[FinishReason | None, str]:
-    """Returns (finish reason or None, text delta). The EOS token stays in the token ids but
-    not in the text; a stop string ends the text before it (vLLM's default)."""
+    """Returns (finish reason or None, text delta). A stop token (EOS, ``stop_token_ids``)
+    stays in the token ids but not in the text unless ``include_stop_str_in_output`` (EOS
+    never: it is special); a stop string ends the text before it (vLLM's defaults)."""
     params = request.params
     num_output = len(request.output_token_ids)
     is_eos = not params.ignore_eos and token in eos_token_ids and num_output > params.min_tokens
@@ -24,8 +25,13 @@ def check_stop(
         reason = FinishReason.STOP
     elif len(request.output_token_ids) >= params.max_tokens or request.num_tokens >= max_model_len:
         reason = FinishReason.LENGTH
-    if tokenizer is None or (reason is FinishReason.STOP and is_eos):
+    if tokenizer is None:
         return reason, ""
+    if reason is FinishReason.STOP and (is_eos or not params.include_stop_str_in_output):
+        held = request.detokenizer  # what it held back (a possible stop string's start)
+        delta = held.flush() if held is not None else ""
+        request.text += delta
+        return reason, delta
     detokenizer = request.detokenizer
     if detokenizer is None:  # offline only: served, the gateway decodes
         detokenizer = IncrementalDetokenizer(

@@ -11,6 +11,7 @@ byte tokenizer as the bytes each id decodes to. Compiled grammars are cached by 
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -58,7 +59,8 @@ class Grammars:
         try:
             compiled = self._compile(structured)
         except (RuntimeError, ValueError, TypeError) as exc:
-            message = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else repr(exc)
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            message = _SOURCE_PREFIX.sub("", message)[:300]  # xgrammar's file:line, not ours
             raise RequestError(f"the {structured.kind} structured output: {message}") from exc
         with self._lock:
             self._cache[key] = compiled
@@ -90,6 +92,9 @@ class Grammars:
                 info = _tokenizer_info(self.tokenizer, self.vocab_size, self.stop_ids)
                 self._compiler = xgrammar.GrammarCompiler(info, max_threads=2)
             return self._compiler
+
+
+_SOURCE_PREFIX = re.compile(r"^\S+\.(?:cc|cpp|h|py):\d+:\s*")
 
 
 def _tokenizer_info(tokenizer: Tokenizer | None, vocab_size: int, stop_ids: list[int]) -> Any:

@@ -266,6 +266,10 @@ async def test_malformed_messages_are_skipped(redis_client, stories_setup, stori
     for count, blob in enumerate([*garbage, await _foreign_snapshot()], start=1):
         await redis_client.xadd(streams.worker_snapshots_stream("w0"), {"m": blob})
         await _until(lambda n=count: services.cp.num_malformed >= n)  # each one the newest
+    before = services.cp.num_malformed
+    for fields in ({"w": b"\xff\xfe"}, {"x": b"w0"}):  # announcements: not UTF-8, no id
+        await redis_client.xadd(streams.WORKERS_JOINED_STREAM, fields)
+    await _until(lambda: services.cp.num_malformed >= before + 2)
     await redis_client.xadd(streams.worker_requests_stream("w0"), {"wrong-field": b"x"})
     await _push(redis_client, [_submit(1, prompts[1])])
     tokens = await _collect(redis_client, {"req-1"})
@@ -383,6 +387,40 @@ async def test_measured_link_reaches_snapshots_and_auto_plans(
     print(
         f"link {link / 1e9:.2f} GB/s, block {block} B, budgets {[p.b_xfer_blocks for p in checked]}"
     )
+
+
+async def test_requests_read_while_a_step_fails_are_still_served(
+    redis_client, stories_setup, stories_path
+) -> None:
+    """The worker reads new requests while a step runs; a step that raises must not leave
+    what was read unapplied (pending in the group, never served: a 504 for its client)."""
+    import redis as sync_redis
+
+    prompts, offline = stories_setup
+    services = Services(redis_client, _worker_settings(stories_path, policy="vllm"))
+    engine = services.worker.engine
+    real_step, calls = engine.step, []
+    writer = sync_redis.Redis.from_url(redis_url())
+
+    def fails_on_the_third():  # type: ignore[no-untyped-def]
+        calls.append(time.monotonic())
+        if len(calls) == 2:  # after this step's read: the next step's read takes it
+            time.sleep(0.2)
+            writer.xadd(streams.worker_requests_stream("w0"), {"m": encode(late)})
+        if len(calls) == 3:  # the step that runs while req-1 is read
+            time.sleep(0.3)
+            raise RuntimeError("injected engine failure")
+        return real_step()
+
+    late = _submit(1, prompts[1])
+    engine.step = fails_on_the_third  # type: ignore[method-assign]
+    await _push(redis_client, [_submit(0, prompts[0])])
+    try:
+        tokens = await _collect(redis_client, {"req-0", "req-1"})
+    finally:
+        await services.stop()
+        writer.close()
+    assert tokens == {"req-0": offline[0], "req-1": offline[1]}
 
 
 async def test_engine_that_keeps_failing_ends_requests_with_an_error(

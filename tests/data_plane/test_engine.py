@@ -85,7 +85,6 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(stories) -> None:
 
 
 def test_stop_strings_and_stop_token_ids(stories) -> None:
-    tok = stories.tokenizer
     prompt = [1]
     params = [
         SamplingParams(max_tokens=60, temperature=0, stop=("little girl",)),
@@ -96,7 +95,13 @@ def test_stop_strings_and_stop_token_ids(stories) -> None:
     assert results[0].finish_reason == "stop"
     assert results[1].token_ids == STORIES_REFERENCE_TOKENS[:3]
     assert results[1].finish_reason == "stop"
-    del tok
+    # the stop token (vLLM): in the ids, not in the text unless include_stop_str_in_output
+    assert results[1].text == "Once upon"  # the reference: "Once upon a time, there was..."
+    kept = SamplingParams(
+        max_tokens=60, temperature=0, stop_token_ids=(261,), include_stop_str_in_output=True
+    )
+    _, (with_stop,) = _run(stories, EngineConfig(), [prompt], [kept])
+    assert with_stop.text == "Once upon a"
 
 
 def test_min_tokens_holds_back_stop_tokens_and_stop_strings(stories) -> None:

@@ -65,8 +65,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "modalities": ["text"],
         "parallel_tool_calls": None,
         "guided_json": None,
+        "stream": None,  # OpenAI's schema allows null: not streamed
     },
     COMPLETIONS: {
+        "stream": None,
         "response_format": None,
         "logprobs": None,
         "n": 1,
@@ -138,6 +140,30 @@ def test_null_and_default_forms_are_served(served: Served, client: OpenAI, path:
     assert out.usage is not None and out.usage.completion_tokens == 2
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (CHAT, {"stream_options": {"include_usage": True}}, "stream_options"),  # no stream
+        (
+            COMPLETIONS,
+            {"stream": False, "stream_options": {"include_usage": True}},
+            "stream_options",
+        ),
+        (COMPLETIONS, {"stop": ""}, "stop"),
+        (CHAT, {"stop": ["\n", ""]}, "stop"),
+    ],
+)
+def test_combinations_vllm_refuses_are_a_400(
+    served: Served, path: str, body: dict[str, Any], param: str
+) -> None:
+    """vLLM's answers: stream_options only with stream; an empty stop string would stop
+    nothing (it was silently dropped)."""
+    for fast in (True, False):
+        response = _post(served, path, {**BASE[path], **body}, fast)
+        assert response.status_code == 400, (fast, response.text)
+        assert response.json()["error"]["param"] == param
+
+
 def test_chat_request_fields_of_vllm(served: Served) -> None:
     """chat_template_kwargs and continue_final_message are taken (this model has no template,
     so the kwargs change nothing); continuing needs add_generation_prompt false, as in vLLM."""
@@ -191,6 +217,14 @@ def test_vllm_sampling_fields_are_applied(served: Served, client: OpenAI) -> Non
     stopped = client.completions.create(**base, extra_body={"stop_token_ids": [stop_id]})
     assert stopped.choices[0].finish_reason == "stop" and stopped.usage is not None
     assert stopped.usage.completion_tokens == 3  # ref[4], ref[5], then the stop token ref[6]
+    # the stop token ends the text without its own text (vLLM), unless asked to keep it
+    with_stop = client.completions.create(
+        **base, extra_body={"stop_token_ids": [stop_id], "include_stop_str_in_output": True}
+    )
+    assert stopped.choices[0].text == free.choices[0].text[: len(stopped.choices[0].text)]
+    assert with_stop.choices[0].text.startswith(stopped.choices[0].text)
+    assert len(with_stop.choices[0].text) > len(stopped.choices[0].text)
+    assert free.choices[0].text.startswith(with_stop.choices[0].text)
     held = client.completions.create(
         **base, extra_body={"stop_token_ids": [stop_id], "min_tokens": 8}
     )
@@ -201,6 +235,9 @@ def test_vllm_sampling_fields_are_applied(served: Served, client: OpenAI) -> Non
     )
     cut = client.completions.create(**base, stop=[" was"])
     assert kept.choices[0].text == cut.choices[0].text + " was"
+    # vLLM's stop_reason: what ended it (None for a length or EOS)
+    reasons = [c.choices[0].model_extra["stop_reason"] for c in (cut, stopped, free)]
+    assert reasons == [" was", stop_id, None]
     forced = client.completions.create(**base, logit_bias={str(ref[0]): 100})
     assert forced.choices[0].text == " Once" * 12  # the biased token, 12 times
     for bad in ({"x": 1}, {"5": 101}, {"5": True}):

@@ -243,3 +243,23 @@ def test_smollm_matches_transformers() -> None:
     assert_matches_transformers(path, [*TEXTS, rendered], bundle.tokenizer)
     assert bundle.chat_template is not None and "<|im_start|>" in bundle.chat_template
     assert bundle.eos_token == "<|im_end|>" and bundle.tokenizer.eos_token_ids == (2,)
+
+
+async def test_detokenizing_an_unknown_id_is_a_400_not_a_silent_drop() -> None:
+    """A fast tokenizer decodes an id it does not know as nothing: ``/detokenize`` checks
+    the ids against the tokenizer's vocabulary (transformers' length) first."""
+    from gateway.errors import APIError
+    from gateway.prompts import PromptEncoder
+
+    path = _smollm_path()
+    tokenizer = load_tokenizer_bundle(str(path)).tokenizer
+    assert tokenizer.vocab_size == len(_reference(path))
+    assert tokenizer.decode([tokenizer.vocab_size]) == ""  # what a client got before: ""
+    encoder = PromptEncoder(tokenizer, None, 1000, 1)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(APIError, match=str(tokenizer.vocab_size)) as refused:
+            await encoder.decode([5, tokenizer.vocab_size])
+        assert refused.value.status_code == 400 and refused.value.param == "tokens"
+        assert (await encoder.decode([5])) == [tokenizer.decode([5])]
+    finally:
+        encoder.close()

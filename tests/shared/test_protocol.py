@@ -243,3 +243,27 @@ def test_garbage_in_a_snapshot_table_raises_only_protocol_error(column: int, val
             msg.b_xfer_blocks,
         )
         lvf(snapshot, Knobs(policy="lvf"))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"t_arr_s": float("nan")},
+        {"t_arr_s": float("inf")},
+        {"slo_ttft_s": float("nan")},
+        {"slo_tbt_s": 0.0},
+        {"slo_tbt_s": -1.0},
+    ],
+)
+def test_a_request_whose_times_could_not_be_planned_is_refused(change: dict) -> None:
+    """A non-finite arrival or SLO would make every snapshot of its worker fail to encode
+    (its worker would plan alone for that request's lifetime): refused where it is read."""
+    good = SubmitRequest("r", [1, 2], "reply", 1.0, SamplingParams(4), slo_ttft_s=1.0)
+    with pytest.raises(ValueError, match=next(iter(change))):
+        dataclasses.replace(good, **change)
+    wire = msgpack.unpackb(encode(good))
+    names = [f.name for f in dataclasses.fields(SubmitRequest)]
+    for name, value in change.items():
+        wire["d"][names.index(name)] = value
+    with pytest.raises(ProtocolError):
+        decode(msgpack.packb(wire), SubmitRequest)
