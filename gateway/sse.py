@@ -48,7 +48,7 @@ class ChunkFormat:
 
     def delta(self, text: str, finish_reason: str | None) -> bytes:
         """The chunk of one text delta, the same bytes as ``event(build(text, reason))``."""
-        if not text and finish_reason is not None:  # a chat chunk then has an empty delta
+        if finish_reason is not None:  # the last: built whole (its stop_reason, a chat's delta)
             return self.event(self._build(text, finish_reason))
         reason = "null" if finish_reason is None else encode_basestring_ascii(finish_reason)
         parts = (self._head, encode_basestring_ascii(text), self._middle, reason, self._tail)

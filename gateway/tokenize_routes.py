@@ -6,13 +6,15 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from fastapi import APIRouter, Body, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.errors import APIError
 from gateway.openai_models import ChatCompletionRequest, ChatMessage, TokenId, valid_unicode
 from gateway.state import GatewayState
 from gateway.tenancy import authenticate
+from gateway.tools import template_tools
 
 router = APIRouter()
 
@@ -36,9 +38,10 @@ class TokenizeChat(BaseModel):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: Annotated[list[Any], Field(max_length=128)] | None = None  # rendered by the template
     return_token_strs: bool = False
 
-    _text = field_validator("model", "chat_template_kwargs")(valid_unicode)
+    _text = field_validator("model", "chat_template_kwargs", "tools")(valid_unicode)
 
 
 class Detokenize(BaseModel):
@@ -63,12 +66,21 @@ async def _caller(request: Request, model: str | None) -> GatewayState:
 
 
 @router.post("/tokenize")
-async def tokenize(body: TokenizeCompletion | TokenizeChat, request: Request) -> dict[str, Any]:
-    """vLLM's shape: ``count``, ``max_model_len``, ``tokens``, ``token_strs``."""
+async def tokenize(raw: Annotated[dict[str, Any], Body()], request: Request) -> dict[str, Any]:
+    """vLLM's shape: ``count``, ``max_model_len``, ``tokens``, ``token_strs``. A body with
+    ``messages`` is a chat's, else a completion's: validated as that one, so a 400 names
+    the field of the form the client meant."""
+    form: type[TokenizeChat | TokenizeCompletion]
+    form = TokenizeChat if "messages" in raw else TokenizeCompletion
+    try:
+        body = form.model_validate(raw)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False)) from None
     state = await _caller(request, body.model)
     if isinstance(body, TokenizeChat):
-        fields = body.model_dump(exclude={"return_token_strs"})
-        ids = await state.prompts.chat_completion(ChatCompletionRequest.model_validate(fields))
+        chat = ChatCompletionRequest.model_validate(body.model_dump(exclude={"return_token_strs"}))
+        tools = template_tools(chat) if chat.tools else None  # as a chat with them renders
+        ids = await state.prompts.chat_completion(chat, tools)
     else:
         ids = await state.prompts.text(body.prompt, body.add_special_tokens)
     strs = (await state.prompts.decode(ids, each=True))[1:] if body.return_token_strs else None

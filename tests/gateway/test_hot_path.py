@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from redis.exceptions import ResponseError
 
 from gateway.auth import API_KEYS_KEY, KEY_PREFIX, ApiKeyCache, create_api_key, delete_api_key
 from gateway.bus import DedicatedConnection
+from gateway.choices import Choice
 from gateway.openai_routes import _chat_chunk, _completion_chunk
 from gateway.sse import ChunkFormat
 
@@ -25,8 +27,11 @@ TEXTS = ["", "Once", ' a "quoted" \\ path', "caf\u00e9 \U0001f600", "line\u2028s
 @pytest.mark.parametrize("include_usage", [False, True])
 @pytest.mark.parametrize("chat", [False, True])
 def test_chunks_are_the_bytes_json_dumps_gives(chat: bool, include_usage: bool) -> None:
-    build = _chat_chunk(HEAD, 0) if chat else _completion_chunk(HEAD, 0)
+    generation = SimpleNamespace(stop_reason=None)
+    choice = Choice(0, generation)  # type: ignore[arg-type]
+    build = _chat_chunk(HEAD, choice) if chat else _completion_chunk(HEAD, choice)
     chunks = ChunkFormat(build, include_usage)
+    generation.stop_reason = " was"  # known at the end: in the last chunk only
     for text in TEXTS:
         for reason in (None, "stop", "length"):
             expected = build(text, reason)
@@ -35,6 +40,7 @@ def test_chunks_are_the_bytes_json_dumps_gives(chat: bool, include_usage: bool) 
             line = chunks.delta(text, reason)
             assert line == f"data: {json.dumps(expected)}\n\n".encode()
             assert line.isascii()
+            assert json.loads(line[6:])["choices"][0]["stop_reason"] == (reason and " was")
 
 
 async def test_api_keys_are_cached_until_the_version_changes(redis_client: Redis) -> None:

@@ -87,7 +87,7 @@ async def test_the_token_timeout_counts_across_keepalives() -> None:
 async def test_no_keepalives_unless_asked() -> None:
     generation, record, _ = _generation(token_timeout_s=5.0)
     asyncio.get_running_loop().call_later(
-        0.3, record.outputs.put, TokenOutput("r", 0, _tokens("ok"), finish_reason="stop")
+        0.3, record.outputs.put, TokenOutput("r", 0, _tokens("ok"), finish_reason="length")
     )
     assert [d.text async for d in generation.deltas()] == ["ok"]
 

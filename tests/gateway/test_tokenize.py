@@ -43,6 +43,17 @@ def test_bad_bodies_and_other_models_are_clear_errors(served: Served) -> None:
     assert other.status_code == 404 and other.json()["error"]["param"] == "model"
     bad = _post(served, "/detokenize", {"tokens": [10**9]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    # a chat body's error names the chat form's field, not the completion form's "prompt"
+    for body, param in (
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user", "content": "a"}], "foo": 1}, "foo"),
+        ({"prompt": "a", "foo": 1}, "foo"),
+    ):
+        refused = _post(served, "/tokenize", body)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, body
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    chat = {"messages": [{"role": "user", "content": "Tim"}], "tools": tools}
+    assert _post(served, "/tokenize", chat).status_code == 200  # vLLM's: rendered with them
 
 
 def test_version_and_ping(served: Served) -> None:
