@@ -27,9 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +46,7 @@ from bench.e2e_compare import (  # noqa: E402
     bench,
     calibrate,
     fit_profile,
+    gauges,
     sim_setup,
     start_server,
     switch_policy,
@@ -94,6 +98,34 @@ def lockstep(
             turn += 1
 
 
+SAMPLED = ("superinfer:b_xfer_blocks", "superinfer:link_bytes_per_s")
+
+
+@contextmanager
+def sampled(url: str, into: dict[str, list[float]], period_s: float = 1.0) -> Iterator[None]:
+    """Poll the worker's B_xfer in force and measured link bandwidth from /metrics every
+    ``period_s`` while the block runs (what ``auto`` resolved to under the probe's load)."""
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(period_s):
+            try:
+                now = gauges(url)
+            except Exception:  # a missed sample, never a failed probe
+                continue
+            for name in SAMPLED:
+                if name in now:
+                    into.setdefault(name, []).append(now[name])
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def seeds(args: argparse.Namespace) -> list[int]:
     return list(range(args.seed, args.seed + args.seeds))
 
@@ -105,6 +137,7 @@ def served_capacity(
     server = start_server(args, out / "serve.log")
     try:
         admin_put(url, "slo-classes", {SLO_CLASS: {"ttft_s": args.ttft_slo, "tbt_s": args.tbt_slo}})
+        admin_put(url, "knobs", {"b_xfer": args.b_xfer or "auto"})
         bench(args, url, None, 4)  # warm-up: first-call costs of torch, the gateway, Redis
         profiles = {"before": calibrate(args, url, engine_profile, out, "before")[0]}
         current = [""]
@@ -116,7 +149,15 @@ def served_capacity(
             at = argparse.Namespace(
                 **{**vars(args), "rps": rate, "duration": args.probe_duration, "seed": seed}
             )
-            row = bench(at, url, None, None)["results"][0]
+            samples: dict[str, list[float]] = {}
+            with sampled(url, samples):
+                row = bench(at, url, None, None)["results"][0]
+            b_xfer, link = (samples.get(name) or [0.0] for name in SAMPLED)
+            print(
+                f"    B_xfer in force: median {statistics.median(b_xfer):.0f} blocks "
+                f"(min {min(b_xfer):.0f}), link {statistics.median(link) / 1e9:.2f} GB/s",
+                flush=True,
+            )
             return float(row[CAPACITY_METRIC] or 0.0)
 
         found = lockstep(args, probe, "served")

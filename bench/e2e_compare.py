@@ -91,10 +91,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-num-batched-tokens", type=int, default=2048)
     add("--ttft-slo", type=float, default=0.5)
     add("--tbt-slo", type=float, default=0.1)
+    add("--b-xfer", type=b_xfer_arg, default=None, help="blocks, or auto (default)")
     add("--profile", default=None, help="a fitted profile; default: run superinfer profile")
     add("--tolerance-pts", type=float, default=15.0, help="agreement bound on the delta")
     add("--port", type=int, default=18571)
     add("--out", default=None, help="directory for the JSON files (default: a temp dir)")
+
+
+def b_xfer_arg(text: str) -> int | None:
+    """``--b-xfer``: a number of blocks, or ``auto`` (None)."""
+    return None if text.strip().lower() == "auto" else int(text)
 
 
 def fit_profile(args: argparse.Namespace, out: Path) -> Path:
@@ -246,6 +252,7 @@ def run_served(
     server = start_server(args, out / "serve.log")
     try:
         admin_put(url, "slo-classes", {SLO_CLASS: {"ttft_s": args.ttft_slo, "tbt_s": args.tbt_slo}})
+        admin_put(url, "knobs", {"b_xfer": args.b_xfer or "auto"})
         bench(args, url, None, 4)  # warm-up: first-call costs of torch, the gateway, Redis
         calibrated = {"before": calibrate(args, url, engine_profile, out, "before")}
         rows = {}
@@ -272,7 +279,7 @@ def sim_setup(args: argparse.Namespace, profile: CostProfile) -> SimSetup:
         profile,
         gib(args.num_hbm_blocks),
         gib(args.num_dram_blocks),
-        "auto",
+        "auto" if args.b_xfer is None else args.b_xfer,  # the simulator's B_xfer is its setup's
         args.max_num_batched_tokens,
         args.max_num_seqs,
     )

@@ -169,6 +169,15 @@ class WorkerCollector(Collector):
         )
         residency.add_metric(wid, worker.planner.min_residency_s)
         yield residency
+        for name, help_text, value in (
+            ("b_xfer_blocks", "B_xfer in force: KV blocks DuplexKV may move per iteration",
+             engine.kv.b_xfer_blocks),
+            ("link_bytes_per_s", "measured host link bandwidth, slower direction (0: none)",
+             kv.link_bytes_per_s),
+        ):  # fmt: skip
+            gauge = GaugeMetricFamily(f"superinfer_worker_{name}", help_text, labels=labels)
+            gauge.add_metric(wid, float(value))
+            yield gauge
 
 
 async def _run_and_drain(

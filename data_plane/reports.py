@@ -128,4 +128,6 @@ def worker_status(
         num_cached_dram_blocks=stats.num_cached_dram_blocks,
         prefill_tokens_per_s=speed.prefill_tokens_per_s,
         decode_step_s=speed.decode_step_s,
+        b_xfer_blocks=kv.b_xfer_blocks,
+        link_bytes_per_s=stats.link_bytes_per_s,
     )

@@ -280,7 +280,8 @@ class Worker:
             )
         except (RequestError, ValueError) as exc:
             log.warning("request_rejected", request_id=msg.request_id, error=str(exc))
-            self._refuse(msg, str(exc), "rejected")
+            param = exc.param if isinstance(exc, RequestError) else None
+            self._refuse(msg, str(exc), "rejected", param)
             return
         except Exception as exc:  # a bug: the client gets an error now, not a timeout
             log.exception("request_admission_failed", request_id=msg.request_id)
@@ -295,11 +296,17 @@ class Worker:
             num_prompt_tokens=len(msg.prompt_token_ids),
         )
 
-    def _refuse(self, msg: SubmitRequest, reason: str, kind: str) -> None:
-        """An error output for ``msg``, sent with this iteration's outputs (and kept while
-        Redis refuses it, like any output)."""
+    def _refuse(self, msg: SubmitRequest, reason: str, kind: str, param: str | None = None) -> None:
+        """An error output for ``msg`` (``param``: the field at fault), sent with this
+        iteration's outputs (and kept while Redis refuses it, like any output)."""
         error = TokenOutput(
-            msg.request_id, 0, [], "error", reason[:MAX_ERROR_CHARS], error_kind=kind
+            msg.request_id,
+            0,
+            [],
+            "error",
+            reason[:MAX_ERROR_CHARS],
+            error_kind=kind,
+            error_param=param,
         )
         self.replies.reject(msg.reply_stream, error)
 

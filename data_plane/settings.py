@@ -47,7 +47,7 @@ class WorkerSettings(BaseSettings):
     # step); the worker plans with the knobs in Redis, whoever wrote them. B_xfer None (or
     # "auto"): the measured link bandwidth x the iteration time.
     policy: str = "lvf"
-    b_xfer: int | None = Field(default=None, ge=1)
+    b_xfer: int | None = Field(default=None, ge=1, json_schema_extra={"flag_words": ["auto"]})
     plan_max_age_iterations: int = 4  # older remote plans are ignored; the worker plans locally
     # Snapshots as deltas against the table of the newest fresh plan (the rows changed since:
     # shared/protocol/delta.py); off: every snapshot carries its whole table.

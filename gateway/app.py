@@ -1,6 +1,6 @@
 """The gateway's FastAPI app, built by :func:`create_app` from settings.
 
-With ``require_api_key`` nothing but /health and /ready is open: /v1 needs an API key,
+With ``require_api_key`` nothing but /health, /ready and /ping is open: /v1 needs an API key,
 /openapi.json an API key or the admin token, /docs and /redoc are off (their pages cannot send
 a bearer token to fetch the schema), and /metrics the admin token or ``metrics_token`` (a
 scrape-only token for Prometheus; once set it is needed in open mode too)."""

@@ -89,6 +89,9 @@ def usage(choices: list[Choice]) -> dict[str, int]:
     }
 
 
+DISCONNECT_POLL_S = 0.5  # how often a wait with no stream to write to asks for the client
+
+
 async def collect(choices: list[Choice], request: Request) -> None:
     """Every choice's deltas; a client that disconnects meanwhile aborts them all."""
 
@@ -98,7 +101,9 @@ async def collect(choices: list[Choice], request: Request) -> None:
     tasks = [asyncio.create_task(consume(choice)) for choice in choices]
     try:
         while not all(task.done() for task in tasks):
-            await asyncio.wait(tasks, timeout=0.5, return_when=asyncio.FIRST_EXCEPTION)
+            await asyncio.wait(
+                tasks, timeout=DISCONNECT_POLL_S, return_when=asyncio.FIRST_EXCEPTION
+            )
             if any(t.done() and t.exception() is not None for t in tasks):
                 break
             if not all(t.done() for t in tasks) and await request.is_disconnected():
@@ -236,13 +241,16 @@ async def merged_events(
     chunk_formats: list[ChunkFormat],
     keepalive_s: float | None,
 ) -> AsyncIterator[bytes]:
-    """Every choice's events as they come (one choice: its own, no tasks). A choice's error
-    ends the response with its error event; the others are cancelled (and so aborted)."""
+    """Every choice's events as they come (one choice: its own, no tasks), through a queue of
+    one event per choice. A choice's error ends the response with its error event; the others
+    are cancelled (and so aborted)."""
     if len(streams) == 1:
         async for event in streams[0].events(chunk_formats[0], keepalive_s):
             yield event
         return
-    queue: asyncio.Queue[Any] = asyncio.Queue()
+    # Bounded: a client that stops reading stops the pumps, so each choice's own bounded
+    # outputs fill and overflow as a single stream's do (its request ended, not buffered here).
+    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=len(streams))
 
     async def pump(stream: ChoiceStream, chunks: ChunkFormat) -> None:
         try:

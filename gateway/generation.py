@@ -39,6 +39,7 @@ class GenerationParams:
     priority: int = 0
     tenant: str | None = None
     key_id: str | None = None  # the API key's id, for its limits
+    prompt_param: str = "prompt"  # the body's field the prompt came from (chat: messages)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +150,10 @@ class Generation:
         self._wait_deadline = None
         if msg.error:  # a rejected request (400) or the worker's own failure (500)
             failed = msg.index > 0 or msg.error_kind == "engine"
-            raise APIError(500 if failed else 400, msg.error, code="worker_error")
+            param = msg.error_param
+            if param == "prompt":
+                param = self.params.prompt_param
+            raise APIError(500 if failed else 400, msg.error, param=param, code="worker_error")
         return msg
 
     async def _wait_output(self, keepalive_s: float | None) -> TokenOutput | None:

@@ -183,6 +183,8 @@ class _WorkerCollector(Collector):
                 ("num_requests_rotary", "Requests parked in host DRAM"),
                 ("iteration_time_seconds", "Mean engine iteration time"),
                 ("lvf_min_residency_seconds", "LVF's current minimum residency"),
+                ("b_xfer_blocks", "B_xfer in force: KV blocks DuplexKV may move per iteration"),
+                ("link_bytes_per_s", "Measured host link bandwidth (0: none measured)"),
             )
         }
         usage = GaugeMetricFamily(
@@ -212,6 +214,8 @@ class _WorkerCollector(Collector):
             gauges["iteration_time_seconds"].add_metric([w], s.iteration_time_s)
             if s.lvf_min_residency_s is not None:
                 gauges["lvf_min_residency_seconds"].add_metric([w], s.lvf_min_residency_s)
+            gauges["b_xfer_blocks"].add_metric([w], s.b_xfer_blocks)
+            gauges["link_bytes_per_s"].add_metric([w], s.link_bytes_per_s)
             usage.add_metric([w, "hbm"], kv_usage(s.num_hbm_blocks, s.num_free_hbm_blocks))
             usage.add_metric([w, "dram"], kv_usage(s.num_dram_blocks, s.num_free_dram_blocks))
             source.add_metric([w, s.plan_source], 1.0)

@@ -4,9 +4,10 @@ shapes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -14,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from gateway.choices import (
+    DISCONNECT_POLL_S,
     ChatChunkLogprobs,
     Choice,
     ChoiceStream,
@@ -115,7 +117,8 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
     choices = await _admit_and_start(state, request, body, prompts, max(1, max_tokens), "cmpl")
     request_id, decode = _response_id(choices), state.prompts.token_text
     if body.echo:
-        await _set_echo(state, body, choices, echo_only=max_tokens == 0)
+        with _owned(state, choices):
+            await _set_echo(state, body, choices, echo_only=max_tokens == 0)
     head = {"id": request_id, "created": int(time.time()), "model": state.model_name}
     with_logprobs = body.logprobs is not None
     if body.stream:
@@ -200,42 +203,76 @@ async def _admit_and_start(
             generation_params(state, request, body, caller, p, max_tokens, tool_structured)
             for p in prompt_ids
         ]
-        return await _start_choices(state, f"{id_prefix}-{uuid.uuid4().hex}", params, n)
+        request_id = f"{id_prefix}-{uuid.uuid4().hex}"
+        return await _start_choices(state, request, request_id, params, n)
     except APIError as exc:
         state.metrics.rejected.labels(str(exc.status_code)).inc()
         raise
 
 
 async def _start_choices(
-    state: GatewayState, request_id: str, params: list[GenerationParams], n: int
+    state: GatewayState,
+    request: Request,
+    request_id: str,
+    params: list[GenerationParams],
+    n: int,
 ) -> list[Choice]:
     """One generation per prompt and sample. With ``n`` > 1, a prompt's first sample runs
     alone until its first output, then its siblings go to the same worker, whose prefix cache
     then holds the prompt: one prefill (the last partial block aside). A sibling's seed is the
-    request's plus its sample number, so the samples differ and repeat with the seed."""
+    request's plus its sample number, so the samples differ and repeat with the seed. A
+    refusal or a disconnect on the way ends every choice already submitted."""
     choices: list[Choice] = []
-    try:
-        firsts = [await _start(state, _choice_id(request_id, i * n, len(params) * n), p)
-                  for i, p in enumerate(params)]  # fmt: skip
-        choices = [Choice(i * n, g) for i, g in enumerate(firsts)]
+    num_choices = len(params) * n
+    with _owned(state, choices):  # each choice owned from its submit on
+        for i, p in enumerate(params):
+            first = await _start(state, _choice_id(request_id, i * n, num_choices), p)
+            choices.append(Choice(i * n, first))
         if n == 1:
             return choices
-        await asyncio.gather(*(first.wait_first_output() for first in firsts))
-        for i, (first, p) in enumerate(zip(firsts, params, strict=True)):
-            worker_id = first.record.route.worker_id
+        firsts = list(choices)
+        await _first_outputs(firsts, request)
+        for i, (first_choice, p) in enumerate(zip(firsts, params, strict=True)):
+            worker_id = first_choice.generation.record.route.worker_id
             for j in range(1, n):
                 seed = None if p.sampling.seed is None else p.sampling.seed + j
                 sibling = replace(p, sampling=replace(p.sampling, seed=seed))
                 index = i * n + j
                 generation = await _start(
-                    state, _choice_id(request_id, index, len(params) * n), sibling, worker_id
+                    state, _choice_id(request_id, index, num_choices), sibling, worker_id
                 )
                 choices.append(Choice(index, generation))
         return sorted(choices, key=lambda c: c.index)
+
+
+@contextlib.contextmanager
+def _owned(state: GatewayState, choices: list[Choice]) -> Iterator[None]:
+    """Until the response takes them over: an exception ends every choice in ``choices``
+    (as it is then), so nothing submitted outlives a refused request."""
+    try:
+        yield
     except BaseException:
         for choice in choices:
             state.generations.finish(choice.generation)  # aborts what was submitted
         raise
+
+
+async def _first_outputs(firsts: list[Choice], request: Request) -> None:
+    """Wait for every first sample's first output (its prompt is then in the worker's prefix
+    cache); a client that leaves meanwhile is a 400 (its choices are ended by the caller)."""
+    waiting = asyncio.ensure_future(
+        asyncio.gather(*(c.generation.wait_first_output() for c in firsts))
+    )
+    try:
+        while True:
+            done, _ = await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S)
+            if done:
+                waiting.result()  # its error, if any
+                return
+            if await request.is_disconnected():
+                raise APIError(400, "client disconnected", code="client_disconnected")
+    finally:
+        waiting.cancel()
 
 
 def _response_id(choices: list[Choice]) -> str:

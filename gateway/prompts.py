@@ -1,5 +1,7 @@
 """Prompt text -> token ids, never on the event loop: a chat's template is rendered and any text
-tokenized on a small pool of threads, so one long prompt cannot stall other streams or /health.
+tokenized on a small pool of threads, so one long prompt cannot stall other streams or /health;
+prompts of up to ``SMALL_PROMPT_CHARS`` characters have a thread of their own, so they never
+queue behind long ones (8 prompts of a million characters held a 5-word one for 8 s).
 Text longer than ``max_prompt_chars`` is a 400 before anything is rendered or tokenized (a
 chat's message text is counted first, its rendered prompt again); text that is not valid
 Unicode is a 400 too (the request models already refuse lone surrogates by field)."""
@@ -19,6 +21,7 @@ from gateway.tools import history_messages
 from shared.tokenizer import Tokenizer
 
 T = TypeVar("T")
+SMALL_PROMPT_CHARS = 16_384  # what a chat turn or a few-shot prompt holds: the fast lane's
 
 
 class PromptEncoder:
@@ -29,6 +32,7 @@ class PromptEncoder:
         self.chat = chat
         self.max_chars = max_chars
         self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="tokenize")
+        self._small_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize-small")
         # one token's text (log-probabilities name tokens by it): cached, at most this many
         self.token_text: Callable[[int], str] = functools.lru_cache(maxsize=65_536)(
             lambda token_id: tokenizer.decode([token_id])
@@ -42,9 +46,12 @@ class PromptEncoder:
             prompt = [prompt]  # one prompt
         if not prompt:
             raise APIError(400, "the prompt batch is empty", param="prompt")
-        self._check_chars(sum(len(p) for p in prompt if isinstance(p, str)), "prompt")
+        num_chars = sum(len(p) for p in prompt if isinstance(p, str))
+        self._check_chars(num_chars, "prompt")
+        for ids in (p for p in prompt if not isinstance(p, str)):
+            self._check_ids(ids, "prompt")
         texts = [p for p in prompt if isinstance(p, str)]
-        encoded = iter(await self._off_loop(self._encode_all, texts) if texts else [])
+        encoded = iter(await self._off_loop(num_chars, self._encode_all, texts) if texts else [])
         return [next(encoded) if isinstance(p, str) else list(p) for p in prompt]
 
     async def chat_completion(
@@ -56,21 +63,23 @@ class PromptEncoder:
             message = "continue_final_message needs add_generation_prompt: false"
             raise APIError(400, message, param="continue_final_message")
         messages = history_messages(body)
-        self._check_chars(sum(len(m["content"]) for m in messages), "messages")
-        return await self._off_loop(self._render_and_encode, body, messages, tools)
+        num_chars = sum(len(m["content"]) for m in messages)
+        self._check_chars(num_chars, "messages")
+        return await self._off_loop(num_chars, self._render_and_encode, body, messages, tools)
 
     async def text(self, text: str, add_special_tokens: bool) -> list[int]:
         """``text`` tokenized as is (``/tokenize``): BOS only with ``add_special_tokens``."""
         self._check_chars(len(text), "prompt")
-        return await self._off_loop(self._encode, text, add_special_tokens, "prompt")
+        return await self._off_loop(len(text), self._encode, text, add_special_tokens, "prompt")
 
     async def decode(self, token_ids: list[int], each: bool = False) -> list[str]:
         """The text of ``token_ids`` (``/detokenize``), then with ``each`` that of every token
         alone (``/tokenize``'s token_strs); 400 for an id the tokenizer does not know."""
-        return await self._off_loop(self._decode, token_ids, each)
+        return await self._off_loop(len(token_ids), self._decode, token_ids, each)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._small_pool.shutdown(wait=False, cancel_futures=True)
 
     # ---- on a tokenizer thread ----------------------------------------------------------
 
@@ -104,16 +113,20 @@ class PromptEncoder:
 
     def _decode(self, token_ids: list[int], each: bool) -> list[str]:
         decode = self.tokenizer.decode
-        known = self.tokenizer.vocab_size
-        unknown = [t for t in token_ids if not 0 <= t < known]
-        if unknown:  # a tokenizer drops what it does not know: never a silent ""
-            message = f"tokens: {unknown[0]} is not an id of this tokenizer (0..{known - 1})"
-            raise APIError(400, message, param="tokens")
+        self._check_ids(token_ids, "tokens")  # a tokenizer drops what it does not know
         try:
             return [decode(token_ids), *(decode([t]) for t in token_ids if each)]
         except (IndexError, KeyError, ValueError, OverflowError, TypeError) as exc:
             message = f"tokens: not ids of this tokenizer ({exc})"[:200]
             raise APIError(400, message, param="tokens") from exc
+
+    def _check_ids(self, token_ids: list[int], param: str) -> None:
+        """400 naming ``param`` for an id the tokenizer does not know (min/max: C speed)."""
+        known = self.tokenizer.vocab_size
+        if token_ids and (min(token_ids) < 0 or max(token_ids) >= known):
+            bad = next(t for t in token_ids if not 0 <= t < known)
+            message = f"{param}: {bad} is not a token id of this model's tokenizer (0..{known - 1})"
+            raise APIError(400, message, param=param)
 
     def _check_chars(self, num_chars: int, param: str) -> None:
         if num_chars > self.max_chars:
@@ -125,5 +138,8 @@ class PromptEncoder:
                 code="prompt_too_long",
             )
 
-    async def _off_loop(self, work: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, work, *args)
+    async def _off_loop(self, size: int, work: Callable[..., T], *args: Any) -> T:
+        """``work`` on a tokenizer thread: the small lane's when ``size`` (characters or
+        ids) is at most ``SMALL_PROMPT_CHARS``, else the pool's."""
+        pool = self._small_pool if size <= SMALL_PROMPT_CHARS else self._pool
+        return await asyncio.get_running_loop().run_in_executor(pool, work, *args)

@@ -42,6 +42,7 @@ def generation_params(
         priority=served_priority(caller, body.priority),
         tenant=caller.tenant,
         key_id=caller.key_id,
+        prompt_param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
     )  # fmt: skip
 
 
@@ -199,6 +200,9 @@ def sampling_params(
         len(s) > settings.max_stop_string_chars for s in stop
     ):
         raise APIError(400, "too many or too long stop strings", param="stop")
+    if body.min_tokens > max_tokens:
+        message = f"min_tokens ({body.min_tokens}) is over max_tokens ({max_tokens})"
+        raise APIError(400, message, param="min_tokens")
     bias_ids, bias_values = _logit_bias(body.logit_bias)
     logprobs, prompt_logprobs = _logprobs(body)
     structured = structured_output(body)

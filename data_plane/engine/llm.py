@@ -61,9 +61,10 @@ def build_engine(
     serving: Serving | None = None,
 ) -> Engine:
     """An engine over ``loaded`` with its KV tiers sized by ``config``: offline (the policy of
-    ``knobs`` planned in process, the model's tokenizer) or, with ``serving``, wired for the
+    ``knobs`` planned in process, the model's tokenizer; without knobs vLLM's, as ``superinfer
+    generate``'s default: a batch has no SLOs to rank by) or, with ``serving``, wired for the
     worker once and for all."""
-    knobs = knobs or Knobs()
+    knobs = knobs or Knobs(policy="vllm")
     if torch.device(config.device).type == "cuda":
         # Triton launches, graph capture and the staging event use the current device
         torch.cuda.set_device(torch.device(config.device))

@@ -62,7 +62,12 @@ TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
 
 
 class RequestError(ValueError):
-    """A request the engine cannot serve (it fails alone; others are unaffected)."""
+    """A request the engine cannot serve (it fails alone; others are unaffected); ``param``:
+    the request field at fault ("prompt", "stop_token_ids", ...), when one is."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(slots=True, eq=False)

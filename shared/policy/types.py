@@ -175,7 +175,7 @@ _TIME_AND_WEIGHT_KNOBS = (
 class Knobs:
     """SLO knobs (SUPERINFER.md §3, §4). Times in seconds."""
 
-    policy: str = "vllm"
+    policy: str = "lvf"  # what serve runs; the peers are for comparison
     alpha: float = 3.0
     beta_b: float = 0.0
     beta_f: float = 0.5

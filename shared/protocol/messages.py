@@ -339,8 +339,11 @@ class TokenOutput:
     # message of its first token those of its prompt tokens after the first
     logprobs: TokenLogprobs | None = None
     prompt_logprobs: TokenLogprobs | None = None
+    error_param: str | None = None  # with an error: the request field at fault, if one is
 
     def __post_init__(self) -> None:
+        if self.error_param is not None and self.error is None:
+            raise ValueError("error_param needs an error")
         if self.error_kind not in ERROR_KINDS:
             raise ValueError(f"error_kind must be one of {ERROR_KINDS}, got {self.error_kind!r}")
         if (self.error is None) != (self.error_kind is None):
@@ -406,3 +409,8 @@ class WorkerStatus:
     # tokens per second of prefill steps, and a decode-only step's time; 0: not measured yet.
     prefill_tokens_per_s: float = 0.0
     decode_step_s: float = 0.0
+    # DuplexKV's budget in force (B_xfer, blocks per iteration per direction: the knob, or with
+    # ``auto`` what the measured link moves in an iteration) and the measured link bandwidth
+    # (the slower direction, bytes per busy second; 0: nothing measured or no host tier).
+    b_xfer_blocks: int = 0
+    link_bytes_per_s: float = 0.0

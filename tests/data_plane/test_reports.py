@@ -73,3 +73,27 @@ def test_waiting_tokens_count_what_is_not_computed_yet(stories_path: Path) -> No
     )
     assert status.num_waiting_tokens == sum(r.num_tokens for r in engine.waiting)
     assert status.num_waiting_tokens > sum(len(r.prompt_token_ids) for r in engine.waiting)
+
+
+def test_status_carries_the_b_xfer_in_force_and_the_measured_link(stories_path: Path) -> None:
+    """An operator with ``b_xfer: auto`` sees what it resolved to (and the link it measured)."""
+    loaded = load_model(str(stories_path))
+    config = EngineConfig(block_size=4, num_hbm_blocks=64, num_dram_blocks=64)
+    engine = build_engine(loaded, replace(config, transfer_backend="cpu"))
+    engine.kv.set_b_xfer_blocks(37)
+    engine.add_request("r0", [1, 403, 407, 261, 378], SamplingParams(max_tokens=24, temperature=0))
+    while engine.has_unfinished():
+        engine.step()
+    engine.kv.drain()  # the eager syncs of full blocks have landed and been timed
+    status = worker_status(
+        engine,
+        WorkerIdentity("w0", "e1", 64),
+        time.time(),
+        model_name="m",
+        mean_iteration_s=0.0,
+        plan_source="local",
+        policy="lvf",
+        accepting=True,
+    )
+    assert status.b_xfer_blocks == 37
+    assert status.link_bytes_per_s > 0  # full blocks were synced to DRAM: the link was timed

@@ -71,6 +71,7 @@ async def test_worker_probes_metrics_and_drain(redis_client: Redis) -> None:
         assert 'superinfer_worker_ready{worker_id="probe-w0"} 1.0' in metrics
         assert "superinfer_worker_iterations_total" in metrics
         assert 'superinfer_worker_kv_blocks{tier="hbm",worker_id="probe-w0"}' in metrics
+        assert 'superinfer_worker_b_xfer_blocks{worker_id="probe-w0"} 0.0' in metrics  # no DRAM
 
         request = SubmitRequest(
             request_id="drain-1",

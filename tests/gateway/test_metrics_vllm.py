@@ -27,7 +27,7 @@ def _status(worker_id: str, **changes: Any) -> WorkerStatus:
         num_preemptions=4, num_rotations_out=7, num_rotations_in=6, bytes_h2d=10, bytes_d2h=20,
         accepting=True, lvf_min_residency_s=0.5, num_prefix_queried_tokens=1000,
         num_prefix_hbm_hit_tokens=300, num_prefix_dram_hit_tokens=100, num_cached_hbm_blocks=9,
-        num_cached_dram_blocks=30,
+        num_cached_dram_blocks=30, b_xfer_blocks=120, link_bytes_per_s=2.5e9,
     )  # fmt: skip
     return WorkerStatus(**{**fields, **changes})
 
@@ -120,6 +120,9 @@ def test_worker_series_keep_the_worker_label_and_residency() -> None:
     samples = _samples(_metrics())
     assert samples[("superinfer:num_requests_running", (("worker", "w1"),))] == 1
     assert samples[("superinfer:lvf_min_residency_seconds", (("worker", "w0"),))] == 0.5
+    assert samples[("superinfer:b_xfer_blocks", (("worker", "w0"),))] == 120  # auto, resolved
+    assert samples[("superinfer:link_bytes_per_s", (("worker", "w0"),))] == 2.5e9
+    assert samples[("superinfer:knob", (("name", "b_xfer"),))] == -1.0  # the knob: auto
     assert samples[("superinfer:knob", (("name", "adaptive_residency"),))] == 1.0
     knob = samples[("superinfer:knob", (("name", "min_residency_s"),))]
     assert knob == Knobs().min_residency_s  # the knob (the floor), beside the worker's value

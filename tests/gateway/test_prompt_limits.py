@@ -161,3 +161,26 @@ async def test_health_answers_while_maximum_size_prompts_are_tokenized(served: S
     print(f"2 prompts of {size} chars: {in_flight_s:.2f} s; {len(latencies)} health checks, ")
     print(f"slowest {max(latencies) * 1000:.0f} ms")
     assert len(latencies) >= 3 and max(latencies) < 1.0
+
+
+async def test_a_short_prompt_does_not_queue_behind_long_ones(served: Served) -> None:
+    """Three half-megabyte prompts are tokenized when a short request comes: it is answered
+    before any of them (it waited for one of them, behind them in the tokenizer threads'
+    queue, before short prompts got a thread of their own)."""
+    size = 524_288
+    prompt = (STORY * (size // len(STORY) + 1))[:size]
+    done_s: dict[str, float] = {}
+    async with httpx.AsyncClient(base_url=served.url, timeout=120) as client:
+
+        async def post(name: str, body: dict[str, Any]) -> httpx.Response:
+            response = await client.post("/v1/completions", json=body)
+            done_s[name] = time.monotonic()
+            return response
+
+        longs = [asyncio.create_task(post(f"long{i}", {"prompt": prompt})) for i in range(3)]
+        await asyncio.sleep(0.3)  # the long ones are in the tokenizer threads
+        short = await post("short", {"prompt": "Tim", "max_tokens": 2, "temperature": 0})
+        assert short.status_code == 200, short.text
+        responses = await asyncio.gather(*longs)
+    assert all(r.status_code == 400 for r in responses)
+    assert done_s["short"] < min(t for name, t in done_s.items() if name != "short"), done_s

@@ -129,7 +129,7 @@ def test_chunked_prefill_stops_at_the_token_budget() -> None:
     snapshot = snap(
         decode("d", seq=0), prefill("p", computed=4, pending=100, seq=1), waiting("w"), free=100
     )
-    plan = make_plan(snapshot, Knobs())  # default policy is vllm
+    plan = make_plan(snapshot, VLLM)
     assert batch(plan) == [("d", 1), ("p", 100), ("w", 4)]
     plan = make_plan(snap(*snapshot.requests, free=100, budget=64), VLLM)
     assert batch(plan) == [("d", 1), ("p", 63)]  # budget spent: nobody admitted

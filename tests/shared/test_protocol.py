@@ -76,7 +76,9 @@ SAMPLES = [
         "remote",
     ),
     TokenOutput("r1", 3, [5, 6], "stop", None, 4),
-    TokenOutput("r2", 0, [], "error", "prompt too long", error_kind="rejected"),
+    TokenOutput(
+        "r2", 0, [], "error", "prompt too long", error_kind="rejected", error_param="prompt"
+    ),
     STATUS,
     TokenOutputs([TokenOutput("r1", 3, [5, 6], None), TokenOutput("r3", 0, [7], "length")]),
 ]
@@ -93,7 +95,7 @@ def test_token_errors_carry_a_known_kind() -> None:
     good = TokenOutput("r", 0, [], "error", "boom", error_kind="engine")
     wire = msgpack.unpackb(encode(good), raw=False)
     for kind in ("oops", None):  # an unknown kind, or an error without its kind
-        wire["d"][-3] = kind  # error_kind, before logprobs and prompt_logprobs
+        wire["d"][-4] = kind  # error_kind, before logprobs, prompt_logprobs and error_param
         with pytest.raises(ProtocolError, match="error_kind"):
             decode(msgpack.packb(wire, use_bin_type=True), TokenOutput)
     with pytest.raises(ValueError, match="come together"):

@@ -10,7 +10,7 @@ from control_plane.settings import ControlPlaneSettings
 from data_plane.settings import WorkerSettings
 from gateway.settings import GatewaySettings
 from superinfer.cli import SECRET_FIELDS, build_parser
-from superinfer.flags import add_settings_flags, scalar_type
+from superinfer.flags import add_settings_flags
 from superinfer.serve import WORKER_MODEL_FIELDS, _worker_args
 
 
@@ -28,9 +28,9 @@ def _subcommand(name: str) -> argparse.ArgumentParser:
         ("gateway", GatewaySettings),
     ],
 )
-def test_every_scalar_setting_is_a_flag_and_no_secret_is(command: str, settings_cls: type) -> None:
+def test_every_setting_is_a_flag_and_no_secret_is(command: str, settings_cls: type) -> None:
     dests = {a.dest for a in _subcommand(command)._actions}
-    fields = {n for n, f in settings_cls.model_fields.items() if scalar_type(f.annotation)}
+    fields = set(settings_cls.model_fields)
     assert fields - set(SECRET_FIELDS) <= dests
     assert not dests & set(SECRET_FIELDS)
 
@@ -42,6 +42,26 @@ def test_flag_values_reach_the_settings_with_their_types() -> None:
     assert args.max_model_len == 2048 and args.gpu_memory_utilization == 0.5
     args = build_parser().parse_args(["gateway", "--require-api-key", "--no-admin-disabled"])
     assert args.require_api_key is True and args.admin_disabled is False
+
+
+def test_literal_auto_and_json_settings_are_flags_too() -> None:
+    args = build_parser().parse_args(["gateway", "--tool-call-parser", "hermes"])
+    assert GatewaySettings(tool_call_parser=args.tool_call_parser).tool_call_parser == "hermes"
+    with pytest.raises(SystemExit):  # not one of the parsers: argparse names the choices
+        build_parser().parse_args(["gateway", "--tool-call-parser", "mistral"])
+    args = build_parser().parse_args(["data-plane", "--model", "m", "--b-xfer", "auto"])
+    assert WorkerSettings(model="m", b_xfer=args.b_xfer).b_xfer is None  # auto: measured
+    args = build_parser().parse_args(["data-plane", "--model", "m", "--b-xfer", "300"])
+    assert WorkerSettings(model="m", b_xfer=args.b_xfer).b_xfer == 300
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["data-plane", "--model", "m", "--b-xfer", "lots"])
+    argv = ["control-plane", "--knobs", '{"policy": "lvf", "b_xfer": 75}']
+    knobs = ControlPlaneSettings(knobs=build_parser().parse_args(argv).knobs).knobs
+    assert knobs == {"policy": "lvf", "b_xfer": 75}
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["control-plane", "--knobs", "[1, 2]"])
+    passed = _worker_args(build_parser().parse_args(["serve", "--b-xfer", "auto"]))
+    assert passed == ["--b-xfer", "auto"]
 
 
 def test_serve_passes_the_worker_fields_through_unchanged() -> None:
@@ -63,5 +83,5 @@ def test_serve_passes_switches_as_switches() -> None:
 
 
 def test_an_unknown_field_is_an_error() -> None:
-    with pytest.raises(ValueError, match="no scalar field"):
+    with pytest.raises(ValueError, match="no such field"):
         add_settings_flags(argparse.ArgumentParser(), WorkerSettings, ["no_such_field"])
