@@ -248,19 +248,22 @@ async def merged_events(
         async for event in streams[0].events(chunk_formats[0], keepalive_s):
             yield event
         return
-    # Bounded: a client that stops reading stops the pumps, so each choice's own bounded
-    # outputs fill and overflow as a single stream's do (its request ended, not buffered here).
-    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=len(streams))
+    # Events held here are bounded (``room``): a client that stops reading stops the pumps,
+    # so each choice's own bounded outputs fill and overflow as a single stream's do (its
+    # request ended, not buffered here). An end or an error never waits for room.
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    room = asyncio.Semaphore(len(streams))
 
     async def pump(stream: ChoiceStream, chunks: ChunkFormat) -> None:
         try:
             async for event in stream.events(chunks, keepalive_s):
-                await queue.put(event)
+                await room.acquire()
+                queue.put_nowait(event)
         except APIError as exc:
             exc.request_id = stream.choice.generation.request_id
-            await queue.put(exc)
+            queue.put_nowait(exc)
         finally:
-            await queue.put(_DONE)
+            queue.put_nowait(_DONE)
 
     tasks = [asyncio.create_task(pump(s, f)) for s, f in zip(streams, chunk_formats, strict=True)]
     try:
@@ -272,6 +275,7 @@ async def merged_events(
             elif isinstance(item, APIError):
                 raise item
             else:
+                room.release()
                 yield item
     finally:
         for task in tasks:

@@ -79,3 +79,12 @@ async def test_a_client_that_reads_nothing_loses_every_choice_not_the_gateways_m
         held = sum(len(stream.choice.deltas) for stream in streams)
         assert held <= 3 * num_choices, held  # a chunk or so each, not NUM_OUTPUTS
         assert len(dispatcher._overflowed) == num_choices  # each aborted on the worker
+
+
+async def test_the_choices_tasks_end_with_the_response() -> None:
+    """The response ends while every choice has events waiting: its tasks end too (a task
+    waiting for room to put its end marker outlived the response)."""
+    await _silent_client(3)
+    await asyncio.sleep(0.05)
+    pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert not pending, pending
