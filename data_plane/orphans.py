@@ -9,6 +9,10 @@ Judging by change on the worker's monotonic clock, not by comparing the value wi
 worker's wall clock, keeps clock skew between hosts out of it; a gap in the worker's own
 watching (Redis away: nobody can beat then) restarts every gateway's count. A gateway that is
 not in the hash (a client writing to the bus itself, or one forgotten) is never called dead.
+A request from a gateway called dead is parked until the next poll: a gateway restarted with
+its id (compose and Kubernetes restarts keep it) sends before this worker has seen it beat
+again, and those requests were dropped (their clients waited 60 s for a 504); still dead then,
+it is dropped.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from redis.asyncio import Redis
 from data_plane.engine.engine import Engine
 from data_plane.replies import Replies
 from shared import streams
+from shared.protocol import SubmitRequest
 
 log = structlog.get_logger(__name__)
+MAX_PARKED = 4096  # requests of gateways called dead held for one poll (more are dropped)
 
 
 class GatewayWatch:
@@ -34,6 +40,8 @@ class GatewayWatch:
         self._t_polled_s: float | None = None  # monotonic time of the last successful poll
         self.dead: set[str] = set()  # until they beat again or leave the hash
         self.unswept: set[str] = set()  # dead, their requests not yet aborted
+        self.num_polls = 0
+        self._parked: list[tuple[int, SubmitRequest]] = []  # (num_polls when parked, request)
 
     async def poll(self, redis: Redis) -> None:
         """Read the heartbeats and update :attr:`dead` (raises RedisError)."""
@@ -46,6 +54,7 @@ class GatewayWatch:
 
     def observe(self, beats: dict[str, bytes], now_s: float) -> None:
         """One poll's heartbeats (gateway id -> value), seen at monotonic ``now_s``."""
+        self.num_polls += 1
         gap = self._t_polled_s is None or now_s - self._t_polled_s > self.dead_s / 2
         if gap and self._t_polled_s is not None and self._seen:
             log.info(
@@ -95,6 +104,27 @@ class GatewayWatch:
     def owns_dead(self, reply_stream: str) -> bool:
         """``reply_stream`` belongs to a gateway called dead."""
         return streams.gateway_of_outputs_stream(reply_stream) in self.dead
+
+    def park(self, request: SubmitRequest) -> None:
+        """Hold a request of a gateway called dead until the next poll (:meth:`unparked`)."""
+        if len(self._parked) >= MAX_PARKED:
+            log.warning("request_of_dead_gateway_dropped", request_id=request.request_id)
+            return
+        self._parked.append((self.num_polls, request))
+
+    def unparked(self) -> list[SubmitRequest]:
+        """The parked requests whose gateway beat again in a poll since they were parked;
+        those whose gateway is still dead then are dropped (logged); the rest stay."""
+        revived, waiting = [], []
+        for parked_at, request in self._parked:
+            if parked_at == self.num_polls:
+                waiting.append((parked_at, request))
+            elif self.owns_dead(request.reply_stream):
+                log.warning("request_of_dead_gateway_dropped", request_id=request.request_id)
+            else:
+                revived.append(request)
+        self._parked = waiting
+        return revived
 
     @staticmethod
     def _beats(raw: dict[bytes, bytes]) -> list[tuple[str, float]]:

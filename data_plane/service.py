@@ -161,6 +161,8 @@ class Worker:
             await self._apply(*fetched)
         if self.gateways.unswept:
             await sweep_orphans(self.gateways, self.engine, self.replies, self.redis)
+        for msg in self.gateways.unparked():  # their gateway restarted: it beats again
+            self._submit(msg)
         self.knobs.apply()  # the planner changes between steps only
         self._refresh_status()
         collect_due_garbage()  # between iterations, not inside a step or the plan round trip
@@ -264,8 +266,8 @@ class Worker:
     def _submit(self, msg: SubmitRequest) -> None:
         if msg.request_id in self.replies:
             return  # a redelivered duplicate of a request the engine already owns
-        if self.gateways.owns_dead(msg.reply_stream):
-            log.warning("request_of_dead_gateway_dropped", request_id=msg.request_id)
+        if self.gateways.owns_dead(msg.reply_stream):  # unless it beats again (restarted)
+            self.gateways.park(msg)
             return
         try:
             self.engine.add_request(

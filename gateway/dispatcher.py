@@ -28,6 +28,7 @@ from shared.protocol.convert import stream_messages
 from shared.runtime import loop_with_backoff
 
 log = structlog.get_logger(__name__)
+MAX_QUEUED_ABORTS = 65_536  # aborts waiting for Redis (a route each: a few MB at most)
 BUS_LOST_AFTER_S = 2.0  # the reader failing this long without a good read: the bus is lost
 
 
@@ -51,7 +52,7 @@ class Dispatcher:
         self.num_malformed = 0
         self.num_duplicates = 0
         self._last_id: Any = "$"
-        self._overflowed: list[Route] = []  # to abort on their workers
+        self._to_abort: list[Route] = []  # overflowed, or an abort Redis refused: to send
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._submitter = DedicatedConnection(redis)  # the pool when a submit is in flight
@@ -158,13 +159,22 @@ class Dispatcher:
             approximate=True,
         )
 
-    async def _abort_overflowed(self) -> None:
+    def abort_after_next_read(self, route: Route) -> None:
+        """Abort ``route`` once the next read of the output stream succeeded (an abort Redis
+        refused: else the worker serves the request for nobody to its end); at most
+        ``MAX_QUEUED_ABORTS`` wait, the oldest dropped first (logged)."""
+        if len(self._to_abort) >= MAX_QUEUED_ABORTS:
+            dropped = self._to_abort.pop(0)
+            log.error("abort_dropped", request_id=dropped.wire_id, worker_id=dropped.worker_id)
+        self._to_abort.append(route)
+
+    async def _send_aborts(self) -> None:
         """Abort on their workers the requests whose clients fell a whole buffer behind (their
-        response may be blocked writing to that client and never read the overflow itself).
-        A Redis error keeps them for the next read."""
-        while self._overflowed:
-            await self.abort(self._overflowed[0])
-            self._overflowed.pop(0)
+        response may be blocked writing to that client and never read the overflow itself)
+        and those whose abort Redis refused. A Redis error keeps them for the next read."""
+        while self._to_abort:
+            await self.abort(self._to_abort[0])
+            self._to_abort.pop(0)
 
     async def _read_once(self) -> None:
         if self._last_id == "$":
@@ -182,7 +192,7 @@ class Dispatcher:
             else:
                 for msg in batch.outputs:
                     self._route(msg)
-        await self._abort_overflowed()
+        await self._send_aborts()
         if response:
             # The responses just handed a message run first: their chunks go out before this
             # task's next XREAD (a write that wakes Redis) and before this task runs again.
@@ -205,4 +215,4 @@ class Dispatcher:
         if not record.outputs.put(msg):  # its client stopped reading: the worker need not go on
             error = APIError(503, "client is reading too slowly; request dropped", code="overflow")
             if record.outputs.end(error):
-                self._overflowed.append(record.route)
+                self.abort_after_next_read(record.route)

@@ -267,7 +267,8 @@ class GenerationService:
         )
         route = Route(status.worker_id, status.epoch, request_id)
         max_buffered = self.settings.max_buffered_outputs
-        record = InFlight(request_id, route, placement, max_buffered, status.t_heartbeat_s)
+        seen_s = time.monotonic() - self.directory.beat_age_s(status)
+        record = InFlight(request_id, route, placement, max_buffered, seen_s)
         generation = Generation(self, record, params, ahead)
         submit = SubmitRequest(
             request_id=request_id,
@@ -326,8 +327,11 @@ class GenerationService:
 
     async def check_workers(self) -> None:
         """Requests on a worker that stopped beating (or restarted) do not hang: those with no
-        token yet go to another worker, the others end with a clear error."""
-        now = time.time()
+        token yet go to another worker (a restarted one's new incarnation too), the others end
+        with a clear error. Those with no token on a draining worker move at once when another
+        worker takes requests (else they wait: it serves what it admitted; its next
+        incarnation gets the rest)."""
+        now = time.monotonic()
         dead_s = self.settings.worker_dead_s
         for record in self.live:
             if record.released:  # finished while an earlier request was being moved
@@ -335,9 +339,12 @@ class GenerationService:
             route = record.route
             status = self.directory.statuses.get(route.worker_id)
             if status is not None and status.epoch == route.epoch:
-                record.t_route_seen_s = max(record.t_route_seen_s, status.t_heartbeat_s)
+                seen_s = now - self.directory.beat_age_s(status)
+                record.t_route_seen_s = max(record.t_route_seen_s, seen_s)
             restarted = status is not None and status.epoch != route.epoch
-            if not restarted and now - record.t_route_seen_s <= dead_s:
+            dead = now - record.t_route_seen_s > dead_s
+            draining = status is not None and not (restarted or dead or status.accepting)
+            if not (restarted or dead or draining):
                 continue
             if record.submit is not None and record.num_received == 0:
                 try:
@@ -345,6 +352,8 @@ class GenerationService:
                         continue
                 except RedisError as exc:
                     log.error("resubmit_failed", request_id=record.request_id, error=str(exc))
+            if draining:
+                continue
             reason = "restarted" if restarted else f"sent no heartbeat for {dead_s:g} s"
             message = f"worker {route.worker_id} {reason}; the request was lost"
             log.error("request_lost_with_worker", request_id=record.request_id, reason=reason)
@@ -352,12 +361,16 @@ class GenerationService:
 
     async def _resubmit(self, record: InFlight, submit: SubmitRequest) -> bool:
         old = record.route
-        candidates = [s for s in self.directory.routable() if s.worker_id != old.worker_id]
+        candidates = [
+            s
+            for s in self.directory.routable()
+            if (s.worker_id, s.epoch) != (old.worker_id, old.epoch)
+        ]
         if not candidates:
             return False
         status = min(candidates, key=self.directory.predicted_lag_s)
         route = old.next(status.worker_id, status.epoch, record.request_id)
-        record.t_route_seen_s = status.t_heartbeat_s
+        record.t_route_seen_s = time.monotonic() - self.directory.beat_age_s(status)
         await self.dispatcher.move(record, submit, route)
         if record.released:  # the client left while it moved: drop the new copy too
             self.abort_later(route)
@@ -366,7 +379,16 @@ class GenerationService:
         return True
 
     def abort_later(self, route: Route) -> None:
-        self._spawn(self.dispatcher.abort(route))
+        """Tell ``route``'s worker to drop it, now; if Redis refuses, after the dispatcher's
+        next good read (a lost abort left the worker serving a client gone)."""
+        self._spawn(self._abort(route))
+
+    async def _abort(self, route: Route) -> None:
+        try:
+            await self.dispatcher.abort(route)
+        except RedisError:
+            self.dispatcher.abort_after_next_read(route)
+            raise
 
     def _record(self, request_id: str, **fields: str | float | int) -> None:
         self._spawn(self.dispatcher.record(request_id, fields))

@@ -111,7 +111,7 @@ class InFlight:
         self.route = route
         self.placement = placement
         self.outputs = Outputs(max_buffered)
-        self.t_route_seen_s = t_route_seen_s  # the route's worker last seen alive at
+        self.t_route_seen_s = t_route_seen_s  # the route's worker last seen beating (monotonic)
         self.entry_id: bytes | str | None = None  # its entry in the worker's request stream
         self.submit: SubmitRequest | None = None  # kept until the first token, for a move
         self.num_received = 0  # output tokens received on this route (the next index)

@@ -1,14 +1,21 @@
 """The workers a gateway can route to: their heartbeat statuses (refreshed from Redis), the
 requests this gateway queued on each, admission against per-worker bounds (requests, prompt
 tokens, predicted seconds of prefill at each worker's measured rate), and routing to the
-worker with the least predicted lag."""
+worker with the least predicted lag.
+
+A worker is alive while its heartbeat keeps changing, timed on this gateway's monotonic clock
+(a worker whose clock is seconds behind the gateway's was dead to it, every request failed);
+only a status seen for the first time is aged by the wall clocks, so a stale entry left by a
+dead worker is not taken for a live one. Knobs or SLO classes in Redis that do not validate are
+logged and the last good ones kept (they took the gateway out of service)."""
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from redis.asyncio import Redis
@@ -22,6 +29,17 @@ from shared.protocol import ProtocolError, WorkerStatus, decode
 from shared.slo import DEFAULT_SLO_CLASSES, SloClass, read_slo_classes
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
+FIRST_SIGHT_MAX_AGE_S = 3600.0  # a status older than this at first sight is as good as dead
+
+
+@dataclass(frozen=True, slots=True)
+class _Beat:
+    """A worker incarnation's heartbeat value and when this gateway saw it change."""
+
+    epoch: str
+    t_heartbeat_s: float  # the worker's clock
+    t_seen_mono_s: float  # this gateway's monotonic clock
 
 
 @dataclass(slots=True)
@@ -45,6 +63,8 @@ class WorkerDirectory:
         self.slo_classes_version = 0
         self.redis_ok = False
         self.num_malformed = 0
+        self._beats: dict[str, _Beat] = {}  # per worker id in ``statuses`` (bounded by it)
+        self._invalid: dict[str, str] = {}  # what, of knobs and classes, does not validate
 
     async def refresh(self) -> None:
         """One read of everything routing and readiness need (raises RedisError)."""
@@ -53,14 +73,62 @@ class WorkerDirectory:
                 pipe.hgetall(streams.WORKERS_KEY)
                 pipe.exists(streams.CONTROL_PLANE_HEARTBEAT_KEY)
                 raw_workers, cp_alive = await pipe.execute()
-            self.knobs, self.knobs_version = await read_knobs(self.redis)
-            self.slo_classes, self.slo_classes_version = await read_slo_classes(self.redis)
+            knobs = await self._validated("knobs", read_knobs)
+            classes = await self._validated("slo_classes", read_slo_classes)
         except Exception:
             self.redis_ok = False
             raise
         self.redis_ok = True
+        if knobs is not None:
+            self.knobs, self.knobs_version = knobs
+        if classes is not None:
+            self.slo_classes, self.slo_classes_version = classes
         self.control_plane_alive = bool(cp_alive)
         self.statuses = self._decode_statuses(raw_workers)
+        self._observe_beats()
+
+    async def _validated(self, what: str, read: Callable[[Redis], Awaitable[T]]) -> T | None:
+        """``read(redis)``, or None (the last good value stays) when what Redis holds does not
+        validate: logged once per new error, never a refresh failed."""
+        try:
+            value = await read(self.redis)
+        except ValueError as exc:
+            if self._invalid.get(what) != str(exc):
+                self._invalid[what] = str(exc)
+                log.error("stored_value_invalid", what=what, error=str(exc), kept="last good")
+            return None
+        self._invalid.pop(what, None)
+        return value
+
+    def _observe_beats(self) -> None:
+        """Note, on this gateway's clock, each worker heartbeat that changed since the last
+        refresh; a status seen for the first time is as old as the wall clocks say."""
+        now_mono, now_wall = time.monotonic(), time.time()
+        beats: dict[str, _Beat] = {}
+        for worker_id, status in self.statuses.items():
+            old = self._beats.get(worker_id)
+            if old is not None and (old.epoch, old.t_heartbeat_s) == (
+                status.epoch,
+                status.t_heartbeat_s,
+            ):
+                beats[worker_id] = old
+            elif old is not None:  # it beat (or restarted) since the last refresh
+                beats[worker_id] = _Beat(status.epoch, status.t_heartbeat_s, now_mono)
+            else:
+                age_s = min(max(0.0, now_wall - status.t_heartbeat_s), FIRST_SIGHT_MAX_AGE_S)
+                beats[worker_id] = _Beat(status.epoch, status.t_heartbeat_s, now_mono - age_s)
+        self._beats = beats
+
+    def beat_age_s(self, status: WorkerStatus) -> float:
+        """Seconds since ``status``'s worker was last seen beating, on this gateway's clock
+        (a status this directory has not observed: its age by the wall clocks)."""
+        beat = self._beats.get(status.worker_id)
+        if beat is not None and (beat.epoch, beat.t_heartbeat_s) == (
+            status.epoch,
+            status.t_heartbeat_s,
+        ):
+            return time.monotonic() - beat.t_seen_mono_s
+        return max(0.0, time.time() - status.t_heartbeat_s)
 
     def _decode_statuses(self, raw: dict[Any, Any]) -> dict[str, WorkerStatus]:
         statuses: dict[str, WorkerStatus] = {}
@@ -75,8 +143,8 @@ class WorkerDirectory:
         return statuses
 
     def alive(self) -> list[WorkerStatus]:
-        horizon_s = time.time() - self.settings.worker_alive_s
-        return [s for s in self.statuses.values() if s.t_heartbeat_s >= horizon_s]
+        alive_s = self.settings.worker_alive_s
+        return [s for s in self.statuses.values() if self.beat_age_s(s) <= alive_s]
 
     def routable(self) -> list[WorkerStatus]:
         """Live workers that take new requests (not draining)."""

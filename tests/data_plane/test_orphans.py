@@ -55,6 +55,21 @@ def test_a_gap_in_watching_or_no_heartbeat_at_all_kills_nothing() -> None:
     assert not watch.dead and not watch.owns_dead("superinfer:gateway:a:outputs")
 
 
+def test_a_request_of_a_dead_gateway_waits_one_poll_for_it_to_beat_again() -> None:
+    """A gateway restarted with its id sends before the worker's next poll: served once it
+    beats again (it was dropped: 504 after 60 s); one still dead at the poll is dropped."""
+    watch = GatewayWatch(dead_s=1.0, forget_s=3600.0)
+    for now in (0.0, 0.4, 0.8, 1.1):
+        watch.observe({"a": b"1", "b": b"1"}, now)
+    assert watch.dead == {"a", "b"}
+    for gateway in ("a", "b"):
+        watch.park(submit(f"{gateway}-1", reply=streams.gateway_outputs_stream(gateway)))
+    assert watch.unparked() == []  # no poll since: neither is known to be back
+    watch.observe({"a": b"2", "b": b"1"}, 1.3)  # a restarted and beats; b is still dead
+    assert [r.request_id for r in watch.unparked()] == ["a-1"]
+    assert watch.unparked() == []  # b's was dropped
+
+
 async def test_stale_heartbeats_leave_the_hash(redis_client: Redis) -> None:
     now = time.time()
     await redis_client.hset(streams.GATEWAYS_KEY, mapping={"old": now - 7200, "new": now})

@@ -78,7 +78,7 @@ async def test_a_client_that_reads_nothing_loses_every_choice_not_the_gateways_m
             assert len(outputs) <= MAX_BUFFERED
         held = sum(len(stream.choice.deltas) for stream in streams)
         assert held <= 3 * num_choices, held  # a chunk or so each, not NUM_OUTPUTS
-        assert len(dispatcher._overflowed) == num_choices  # each aborted on the worker
+        assert len(dispatcher._to_abort) == num_choices  # each to abort on the worker
 
 
 async def test_the_choices_tasks_end_with_the_response() -> None:

@@ -1,0 +1,121 @@
+"""What a gateway reads from Redis cannot take it out of service: a worker is alive while its
+heartbeat keeps changing on the gateway's own clock (a worker whose clock ran seconds behind
+had every request failed as lost), a stale entry of a dead worker is not alive, knobs or SLO
+classes in Redis that do not validate leave the last good ones in force (they failed every
+refresh: no worker was routable), an abort Redis refused is sent after the next read, and a
+request with no token yet leaves a draining worker at once or follows a restarted one."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from redis.asyncio import Redis
+
+from gateway.dispatcher import Dispatcher
+from gateway.generation import GenerationParams, GenerationService
+from gateway.inflight import InFlightRequests, Route
+from gateway.metrics import GatewayMetrics
+from gateway.settings import GatewaySettings
+from gateway.workers import WorkerDirectory
+from shared import streams
+from shared.policy import Knobs
+from shared.protocol import AbortRequest, SubmitRequest, WorkerStatus, decode, encode
+from shared.sampling import SamplingParams
+from shared.slo import DEFAULT_SLO_CLASSES
+from shared.tokenizer import ByteTokenizer
+from tests.gateway.test_metrics_vllm import _status
+
+BEHIND_S = 30.0  # a worker clock this far behind the gateway's
+
+
+async def _beat(redis: Redis, status: WorkerStatus) -> None:
+    await redis.hset(streams.WORKERS_KEY, status.worker_id, encode(status))
+
+
+async def test_a_worker_whose_clock_is_behind_is_alive_while_it_beats(redis_client: Redis) -> None:
+    directory = WorkerDirectory(redis_client, GatewaySettings(model="tiny-random"))
+    skewed = _status("skewed", t_heartbeat_s=time.time() - BEHIND_S)
+    stale = _status("stale", t_heartbeat_s=time.time() - 3 * 3600)  # a dead worker's entry
+    await _beat(redis_client, skewed)
+    await _beat(redis_client, stale)
+    await directory.refresh()
+    assert directory.alive() == []  # first sight: aged by the wall clocks
+    for _ in range(3):  # it beats (its clock still 30 s behind): alive on the gateway's clock
+        skewed = dataclasses.replace(skewed, t_heartbeat_s=skewed.t_heartbeat_s + 0.5)
+        await _beat(redis_client, skewed)
+        await directory.refresh()
+        assert [s.worker_id for s in directory.alive()] == ["skewed"]
+        assert directory.beat_age_s(skewed) < 1.0
+    alive_s = directory.settings.worker_alive_s
+    assert directory.beat_age_s(directory.statuses["stale"]) > alive_s
+
+
+async def test_invalid_knobs_or_classes_in_redis_keep_the_last_good(redis_client: Redis) -> None:
+    directory = WorkerDirectory(redis_client, GatewaySettings(model="tiny-random"))
+    await redis_client.hset(streams.KNOBS_KEY, mapping={"alpha": "2.5", "version": 3})
+    await directory.refresh()
+    assert directory.knobs.alpha == 2.5 and directory.knobs_version == 3
+    await redis_client.hset(streams.KNOBS_KEY, mapping={"alpha": "-1", "version": 4})
+    await redis_client.hset(streams.SLO_CLASSES_KEY, "version", "not a number")
+    await _beat(redis_client, _status("w0"))
+    await directory.refresh()  # raised ValueError: every refresh failed
+    assert directory.redis_ok and [s.worker_id for s in directory.alive()] == ["w0"]
+    assert directory.knobs.alpha == 2.5 and directory.knobs_version == 3
+    assert directory.knobs != Knobs()
+
+
+async def test_an_abort_redis_refused_goes_out_after_the_next_read(redis_client: Redis) -> None:
+    dispatcher = Dispatcher(redis_client, "gw", 10, InFlightRequests())
+    routes = [Route("w0", "e1", f"r{i}") for i in range(3)]
+    for route in routes:
+        dispatcher.abort_after_next_read(route)
+    await dispatcher._read_once()  # a good read: the queued aborts are sent
+    entries = await redis_client.xrange(streams.worker_requests_stream("w0"))
+    sent = [decode(fields[b"m"], AbortRequest).request_id for _, fields in entries]
+    assert sent == ["r0", "r1", "r2"]
+
+
+def _service(redis: Redis) -> GenerationService:
+    settings = GatewaySettings(model="tiny-random")
+    directory = WorkerDirectory(redis, settings)
+    dispatcher = Dispatcher(redis, "gw", 10, InFlightRequests())
+    metrics = GatewayMetrics(directory, "m", vllm=False)
+    return GenerationService(settings, redis, ByteTokenizer(), dispatcher, directory, metrics)
+
+
+async def _submits(redis: Redis, worker_id: str) -> list[str]:
+    entries = await redis.xrange(streams.worker_requests_stream(worker_id))
+    return [msg.request_id for _, f in entries if isinstance(msg := decode(f[b"m"]), SubmitRequest)]
+
+
+async def test_a_draining_or_restarted_workers_waiting_requests_move(redis_client: Redis) -> None:
+    """No token yet on a draining worker: moved at once to one that takes requests (they
+    waited out the drain, then failed); with none, they wait for its next incarnation and go
+    there (a worker's restart failed them when it was the only one)."""
+    service = _service(redis_client)
+    params = GenerationParams(
+        [1, 2, 3], SamplingParams(max_tokens=4), DEFAULT_SLO_CLASSES["interactive"]
+    )
+    await _beat(redis_client, _status("w0", epoch="e1"))
+    await service.directory.refresh()
+    generation = await service.start("r1", params)
+    assert generation.record.route.worker_id == "w0"
+    await _beat(redis_client, _status("w0", epoch="e1", accepting=False))  # draining, alone
+    await service.directory.refresh()
+    await service.check_workers()
+    assert generation.record.route.epoch == "e1" and generation.record.outputs.error is None
+    await _beat(redis_client, _status("w1", epoch="f1"))  # another worker joins
+    await service.directory.refresh()
+    await service.check_workers()
+    assert generation.record.route.worker_id == "w1"
+    await _beat(redis_client, _status("w1", epoch="f2"))  # w1 restarts: its next incarnation
+    await service.directory.refresh()
+    await service.check_workers()
+    route = generation.record.route
+    assert (route.worker_id, route.epoch) == (
+        "w1",
+        "f2",
+    ) and generation.record.outputs.error is None
+    assert await _submits(redis_client, "w1") == [route.wire_id]  # each move: its entry only
+    assert await _submits(redis_client, "w0") == []
