@@ -65,6 +65,7 @@ class WorkerDirectory:
         self.num_malformed = 0
         self._beats: dict[str, _Beat] = {}  # per worker id in ``statuses`` (bounded by it)
         self._invalid: dict[str, str] = {}  # what, of knobs and classes, does not validate
+        self._malformed: dict[Any, Any] = {}  # worker id -> its status that did not decode
 
     async def refresh(self) -> None:
         """One read of everything routing and readiness need (raises RedisError)."""
@@ -131,15 +132,21 @@ class WorkerDirectory:
         return max(0.0, time.time() - status.t_heartbeat_s)
 
     def _decode_statuses(self, raw: dict[Any, Any]) -> dict[str, WorkerStatus]:
+        """The statuses that decode; a malformed one is counted and logged once per value
+        (not at every refresh, 4 times a second)."""
         statuses: dict[str, WorkerStatus] = {}
+        malformed: dict[Any, Any] = {}
         for worker_id, data in raw.items():
             try:
                 status = decode(data, WorkerStatus)
             except ProtocolError as exc:
-                self.num_malformed += 1
-                log.error("malformed_worker_status", worker_id=worker_id, error=str(exc))
+                malformed[worker_id] = data
+                if self._malformed.get(worker_id) != data:
+                    self.num_malformed += 1
+                    log.error("malformed_worker_status", worker_id=worker_id, error=str(exc))
                 continue
             statuses[status.worker_id] = status
+        self._malformed = malformed  # bounded by the hash
         return statuses
 
     def alive(self) -> list[WorkerStatus]:

@@ -119,3 +119,15 @@ async def test_a_draining_or_restarted_workers_waiting_requests_move(redis_clien
     ) and generation.record.outputs.error is None
     assert await _submits(redis_client, "w1") == [route.wire_id]  # each move: its entry only
     assert await _submits(redis_client, "w0") == []
+
+
+async def test_a_malformed_status_is_logged_once_not_every_refresh(redis_client: Redis) -> None:
+    directory = WorkerDirectory(redis_client, GatewaySettings(model="tiny-random"))
+    await redis_client.hset(streams.WORKERS_KEY, "junk", b"not msgpack")
+    await _beat(redis_client, _status("w0"))
+    for _ in range(4):
+        await directory.refresh()
+    assert directory.num_malformed == 1 and list(directory.statuses) == ["w0"]
+    await redis_client.hset(streams.WORKERS_KEY, "junk", b"other junk")
+    await directory.refresh()
+    assert directory.num_malformed == 2  # a new bad value: counted and logged again
