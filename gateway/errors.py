@@ -131,20 +131,20 @@ def unexpected_error_response(exc: BaseException) -> JSONResponse:
 def validation_error_response(errors: list[Any]) -> JSONResponse:
     """400 naming the first invalid field (``messages.0.content``), with pydantic's message.
     A field that takes several types fails once per type, under a tag for it (``prompt.str``,
-    ``stop.list[str].0``): the field is the path before the tag."""
+    ``stop.list[str].0``): the field is the path before the tag, and the message the one of
+    the type that got furthest into the value (``prompt: [-1]`` is a token id below 0, not
+    "should be a valid string")."""
     first = errors[0] if errors else {}
+    if first.get("type") != "json_invalid":
+        field = _field_loc(first)
+        same = [e for e in errors if _field_loc(e) == field]
+        first = max(same, key=lambda e: len(e.get("loc", ())))  # the first of the deepest
     if first.get("type") == "json_invalid":  # FastAPI's: loc ("body", position)
         where = first.get("loc", ("body", "?"))[-1]
         reason = first.get("ctx", {}).get("error", "JSON decode error")
         message = f"the body is not valid JSON ({reason} at character {where})"
         return JSONResponse(error_body(400, message), status_code=400)
-    loc: list[str] = []
-    for part in first.get("loc", ()):
-        if isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or "-" in part):
-            break  # a union member's tag: the field is what came before
-        if part != "body":
-            loc.append(str(part)[:_MAX_PARAM_CHARS])
-    param = ".".join(loc) or None
+    param = ".".join(_field_loc(first)) or None
     message = f"{param or 'body'}: {first.get('msg', 'invalid request')}"
     if first.get("type") == "extra_forbidden":
         message = f"'{param}' is not a field of this request (unknown fields are refused)"
@@ -152,6 +152,17 @@ def validation_error_response(errors: list[Any]) -> JSONResponse:
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _field_loc(error: dict[str, Any]) -> list[str]:
+    """The path of ``error``'s field: its location up to a union member's tag, no "body"."""
+    loc: list[str] = []
+    for part in error.get("loc", ()):
+        if isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or "-" in part):
+            break  # a union member's tag: the field is what came before
+        if part != "body":
+            loc.append(str(part)[:_MAX_PARAM_CHARS])
+    return loc
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -32,6 +32,7 @@ class BlockCopy:
 
 H2D, D2H = "h2d", "d2h"
 LINK_WINDOW_BATCHES = 64
+MIN_MEDIAN_BATCHES = 8  # batches in a direction's window before its median rate is used
 
 
 class LinkMeter:
@@ -39,13 +40,13 @@ class LinkMeter:
 
     A batch is one direction of one submit: its bytes and the seconds its copies kept the link
     busy (from the first copy starting to the last one ending, not counting time queued behind
-    earlier work). The rate of a direction is ``sum(bytes) / sum(seconds)`` over its window,
-    i.e. weighted by bytes: a one-block batch, whose time is mostly fixed latency, counts in
-    proportion to its few bytes instead of pulling the mean down as much as a large batch.
-    It is still the rate achieved at the batch sizes seen, below the link's peak when batches
-    are small. A budget derived from it (``rate x iteration / block_bytes``) corrects itself:
-    n blocks that took less than an iteration give a budget above n, so under load the budget
-    settles where one batch fills an iteration.
+    earlier work). The rate of a direction is the median of its batches' rates over the
+    window, once it holds ``MIN_MEDIAN_BATCHES`` (before: ``sum(bytes) / sum(seconds)``), and
+    never below that ratio. A batch that stalled is an outlier the median ignores: the CPU
+    backend's copy thread waits for the GIL while the serving loop runs Python, so one batch in
+    twenty took 3-4 ms instead of 0.05 ms; summed, those stalls made the CPU worker's link
+    0.08-0.18 GB/s where its batches ran at 1-3 GB/s, and B_xfer 15-59 blocks where the
+    simulator planned with the whole link.
 
     Thread-safe: copy threads record, the serving loop reads.
     """
@@ -77,12 +78,18 @@ class LinkMeter:
             self.num_batches += 1
 
     def bytes_per_s(self, direction: str) -> float:
-        """Bytes per busy second of ``direction`` over its window; 0.0 before any batch."""
+        """Bandwidth of ``direction`` over its window (see the class); 0.0 before any batch."""
         window = self._window(direction)
         with self._lock:
             batches = list(window)
         total_s = sum(s for _, s in batches)
-        return sum(b for b, _ in batches) / total_s if total_s > 0 else 0.0
+        if total_s <= 0:
+            return 0.0
+        ratio = sum(b for b, _ in batches) / total_s  # stalls included: a lower bound
+        if len(batches) < MIN_MEDIAN_BATCHES:
+            return ratio
+        rates = sorted(b / s for b, s in batches)
+        return max(ratio, rates[len(rates) // 2])
 
     @property
     def link_bytes_per_s(self) -> float:

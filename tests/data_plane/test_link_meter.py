@@ -58,6 +58,24 @@ def test_meter_weights_by_bytes_and_takes_the_slower_direction() -> None:
         meter.bytes_per_s("sideways")
 
 
+def test_meter_is_not_dragged_down_by_stalled_batches() -> None:
+    """Batches of 5-12 blocks of 20 KB at 2.5 GB/s, one in ten stalled for 4 ms (the copy
+    thread waiting for the GIL): the rate is the batches' (the sum over the window said
+    0.25 GB/s, so B_xfer was a handful of blocks where the link moves a hundred)."""
+    meter = LinkMeter()
+    block_bytes, bandwidth = 20_480, 2.5e9
+    for i in range(40):
+        n = 5 + i % 8
+        meter.record(
+            H2D, n * block_bytes, n * block_bytes / bandwidth + (0.004 if i % 10 == 0 else 0)
+        )
+    assert meter.bytes_per_s(H2D) == pytest.approx(bandwidth)
+    few = LinkMeter()  # too few batches for a median: the ratio
+    few.record(H2D, block_bytes, 0.001)
+    few.record(H2D, 3 * block_bytes, 0.001)
+    assert few.bytes_per_s(H2D) == pytest.approx(4 * block_bytes / 0.002)
+
+
 def test_meter_window_forgets_old_batches() -> None:
     meter = LinkMeter(window=4)
     meter.record(H2D, 1_000, 1.0)  # slow, then pushed out by four fast batches

@@ -75,3 +75,19 @@ def test_admin_api_needs_a_token_or_an_explicit_opt_out() -> None:
     with pytest.raises(ValueError, match="admin token"):
         create_app(GatewaySettings(admin_token=None, admin_disabled=False))
     create_app(GatewaySettings(admin_token=None, admin_disabled=True))
+
+
+def test_a_union_fields_error_is_the_type_that_got_furthest() -> None:
+    """``prompt: [-1]`` is a token id below 0 (it was "Input should be a valid string")."""
+    import json
+
+    from pydantic import ValidationError
+
+    from gateway.errors import validation_error_response
+    from gateway.openai_models import CompletionRequest
+
+    for prompt in ([-1], [[1, -2]]):
+        with pytest.raises(ValidationError) as caught:
+            CompletionRequest.model_validate({"prompt": prompt})
+        error = json.loads(validation_error_response(list(caught.value.errors())).body)["error"]
+        assert error["param"] == "prompt" and "greater than or equal to 0" in error["message"]
