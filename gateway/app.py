@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import admin, openai_routes
+from gateway import admin, openai_routes, responses_routes
 from gateway.auth import carries
 from gateway.errors import APIError, error_body, install_error_handlers
 from gateway.fastlane import FastLane
@@ -55,6 +55,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.add_middleware(FastLane, routes=openai_routes.fast_routes())  # inside the body limit
     app.add_middleware(_BodyLimit, max_body_bytes=settings.max_body_bytes)
     app.include_router(openai_routes.router)
+    app.include_router(responses_routes.router)
     if not settings.admin_disabled:
         app.include_router(admin.router)
 

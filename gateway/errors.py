@@ -139,6 +139,8 @@ def validation_error_response(errors: list[Any]) -> JSONResponse:
         field = _field_loc(first)
         same = [e for e in errors if _field_loc(e) == field]
         first = max(same, key=lambda e: len(e.get("loc", ())))  # the first of the deepest
+        if len(same) > 1 and len(first.get("loc", ())) == len(same[0].get("loc", ())):
+            first = {**first, "msg": _any_of(same)}  # no type got into the value
     if first.get("type") == "json_invalid":  # FastAPI's: loc ("body", position)
         where = first.get("loc", ("body", "?"))[-1]
         reason = first.get("ctx", {}).get("error", "JSON decode error")
@@ -149,6 +151,19 @@ def validation_error_response(errors: list[Any]) -> JSONResponse:
     if first.get("type") == "extra_forbidden":
         message = f"'{param}' is not a field of this request (unknown fields are refused)"
     return JSONResponse(error_body(400, message, param), status_code=400)
+
+
+def _any_of(errors: list[dict[str, Any]]) -> str:
+    """One message for a value no member of a union took: "Input should be a valid string
+    or a valid list" (each member's message once, in the union's order)."""
+    prefix = "Input should be "
+    wanted: list[str] = []
+    for error in errors:
+        msg = str(error.get("msg", ""))
+        wanted_one = msg.removeprefix(prefix)
+        if wanted_one not in wanted:
+            wanted.append(wanted_one)
+    return prefix + " or ".join(wanted)
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}

@@ -73,10 +73,10 @@ async def chat_completions(
 ) -> JSONResponse | SseResponse:
     state = _state(request)
     max_tokens = body.max_completion_tokens or body.max_tokens
-    plan = _tool_plan(state, body)
+    plan = tool_plan(state, body)
     tools = template_tools(body) if plan.render else None
-    prompts = _chat_prompt(state, body, tools)
-    choices = await _admit_and_start(
+    prompts = chat_prompt(state, body, tools)
+    choices = await admit_and_start(
         state, request, body, prompts, max_tokens, "chatcmpl", plan.structured
     )
     request_id, decode = _response_id(choices), state.prompts.token_text
@@ -114,7 +114,7 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
     if max_tokens == 0 and not body.echo:
         raise APIError(400, "max_tokens 0 needs echo: true", param="max_tokens")
     prompts = state.prompts.completion(body.prompt)
-    choices = await _admit_and_start(state, request, body, prompts, max(1, max_tokens), "cmpl")
+    choices = await admit_and_start(state, request, body, prompts, max(1, max_tokens), "cmpl")
     request_id, decode = _response_id(choices), state.prompts.token_text
     if body.echo:
         with _owned(state, choices):
@@ -153,7 +153,7 @@ def fast_routes() -> FastRoutes:
     }
 
 
-def _tool_plan(state: GatewayState, body: ChatCompletionRequest) -> ToolPlan:
+def tool_plan(state: GatewayState, body: ChatCompletionRequest) -> ToolPlan:
     """The request's tool plan (a refusal counted like the others)."""
     settings = state.settings
     try:
@@ -163,14 +163,14 @@ def _tool_plan(state: GatewayState, body: ChatCompletionRequest) -> ToolPlan:
         raise
 
 
-async def _chat_prompt(
+async def chat_prompt(
     state: GatewayState, body: ChatCompletionRequest, tools: list[dict[str, Any]] | None
 ) -> list[list[int]]:
     """The chat's one prompt (rendered when awaited: a refusal before then renders nothing)."""
     return [await state.prompts.chat_completion(body, tools)]
 
 
-async def _admit_and_start(
+async def admit_and_start(
     state: GatewayState,
     request: Request,
     body: SamplingFields,

@@ -77,6 +77,9 @@ class GatewaySettings(BaseSettings):
     tool_call_parser: Literal["hermes", "llama3_json"] | None = None
     # choices in one request: prompts of a completions batch x n
     max_choices: int = Field(default=128, ge=1)
+    # Responses API: a stored response (store, previous_response_id) is kept this long in
+    # Redis; 0: none is stored (store: true is then a 400)
+    responses_ttl_s: float = Field(default=3600.0, ge=0.0)
     max_stop_strings: int = 8
     max_stop_string_chars: int = 256
     max_concurrent_per_key: int = 256  # per API key, per gateway

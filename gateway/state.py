@@ -18,6 +18,7 @@ from gateway.heartbeat import Heartbeat
 from gateway.inflight import InFlightRequests
 from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptEncoder
+from gateway.response_store import ResponseStore
 from gateway.settings import GatewaySettings
 from gateway.workers import WorkerDirectory
 from shared import streams
@@ -61,6 +62,7 @@ class GatewayState:
         self.generations = GenerationService(
             settings, self.redis, self.tokenizer, self.dispatcher, self.directory, self.metrics
         )
+        self.responses = ResponseStore(self.redis, settings.responses_ttl_s)
         self.heartbeat = Heartbeat(
             settings.redis_url,
             self.gateway_id,

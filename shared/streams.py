@@ -104,3 +104,9 @@ LIFECYCLE_TTL_S = 3600
 
 def request_lifecycle_key(request_id: str) -> str:
     return f"{PREFIX}:request:{request_id}"
+
+
+def response_key(response_id: str) -> str:
+    """A stored response of the Responses API: a JSON string with a TTL
+    (gateway/response_store.py)."""
+    return f"{PREFIX}:response:{response_id}"

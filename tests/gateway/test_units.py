@@ -91,3 +91,20 @@ def test_a_union_fields_error_is_the_type_that_got_furthest() -> None:
             CompletionRequest.model_validate({"prompt": prompt})
         error = json.loads(validation_error_response(list(caught.value.errors())).body)["error"]
         assert error["param"] == "prompt" and "greater than or equal to 0" in error["message"]
+
+
+def test_a_value_no_union_member_takes_names_every_accepted_type() -> None:
+    """``prompt: 5`` said only "Input should be a valid string" although lists are taken."""
+    import json
+
+    from pydantic import ValidationError
+
+    from gateway.errors import validation_error_response
+    from gateway.openai_models import CompletionRequest
+
+    for prompt in (5, None, {"a": 1}):
+        with pytest.raises(ValidationError) as caught:
+            CompletionRequest.model_validate({"prompt": prompt})
+        error = json.loads(validation_error_response(list(caught.value.errors())).body)["error"]
+        assert error["param"] == "prompt"
+        assert "a valid string" in error["message"] and "a valid list" in error["message"]

@@ -1,0 +1,271 @@
+"""The Responses API over the chat path: a request's input items (after the stored conversation
+its ``previous_response_id`` names) become chat messages, its tools and ``text.format`` the chat
+request's, and the chat output becomes output items: one ``message`` with its ``output_text``,
+then one ``function_call`` item per tool call."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from pydantic import ValidationError
+
+from gateway.errors import APIError
+from gateway.openai_models import ChatCompletionRequest
+from gateway.responses_models import LOGPROBS_INCLUDE, ResponsesRequest
+from gateway.tools import ToolCall
+
+_ROLES = ("user", "assistant", "system", "developer")
+_TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
+
+
+def chat_request(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatCompletionRequest:
+    """The chat request that serves ``body``, after the stored conversation ``history`` (its
+    input and output items, oldest first)."""
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "stream_options can only be given with stream: true", "stream_options")
+    logprobs = LOGPROBS_INCLUDE in (body.include or [])
+    if body.top_logprobs and not logprobs:
+        raise APIError(
+            400, f"top_logprobs needs include: [{LOGPROBS_INCLUDE!r}]", param="top_logprobs"
+        )
+    messages = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    messages += chat_messages(history, "previous_response_id")
+    messages += chat_messages(_input_items(body.input), "input")
+    fields: dict[str, Any] = {
+        "model": body.model,
+        "messages": messages,
+        "max_completion_tokens": body.max_output_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "stream": bool(body.stream),
+        "logprobs": logprobs or None,
+        "top_logprobs": body.top_logprobs if logprobs else None,
+        "tools": [_chat_tool(t, i) for i, t in enumerate(body.tools)] if body.tools else None,
+        "tool_choice": _chat_tool_choice(body.tool_choice),
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "response_format": _response_format(body.text),
+        "user": body.safety_identifier or body.user,
+        "top_k": body.top_k,
+        "min_p": body.min_p,
+        "repetition_penalty": body.repetition_penalty,
+        "seed": body.seed,
+        "priority": body.priority,
+    }
+    try:
+        return ChatCompletionRequest.model_validate(fields)
+    except ValidationError as exc:  # what the item checks above leave: a chat field's bounds
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error.get("loc", ()))
+        raise APIError(400, f"input: {where}: {error.get('msg')}", param="input") from exc
+
+
+def _input_items(value: str | list[Any]) -> list[Any]:
+    return [{"role": "user", "content": value}] if isinstance(value, str) else value
+
+
+def chat_messages(items: list[Any], param: str) -> list[dict[str, Any]]:
+    """Input items as chat messages: messages by role, consecutive ``function_call`` items
+    as one assistant message's ``tool_calls``, ``function_call_output`` as ``tool`` messages."""
+    messages: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        where = f"{param}.{index}"
+        if not isinstance(item, dict):
+            raise APIError(400, "an input item is an object", param=where)
+        kind = item.get("type", "message")
+        if kind == "message":
+            messages.append(_message(item, where))
+        elif kind == "function_call":
+            call = _call_from_item(item, where)
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            call_id, output = item.get("call_id"), item.get("output")
+            if not isinstance(call_id, str) or not isinstance(output, str | list):
+                raise APIError(400, "function_call_output is {call_id, output}", param=where)
+            content = output if isinstance(output, str) else _text(output, f"{where}.output")
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
+        else:
+            raise APIError(
+                400,
+                f"input items of type {str(kind)[:64]!r} are not served (message, "
+                "function_call, function_call_output are)",
+                param=f"{where}.type",
+            )
+    return messages
+
+
+def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
+    role, content = item.get("role"), item.get("content")
+    if role not in _ROLES:
+        raise APIError(400, f"role is one of {', '.join(_ROLES)}", param=f"{where}.role")
+    if isinstance(content, list):
+        content = _text(content, f"{where}.content")
+    elif not isinstance(content, str):
+        raise APIError(400, "content is text or a list of text parts", param=f"{where}.content")
+    return {"role": role, "content": content}
+
+
+def _text(parts: list[Any], where: str) -> str:
+    """The text of a content list; images, files and audio are refused, naming the part."""
+    texts = []
+    for index, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        text = part.get("text", part.get("refusal")) if isinstance(part, dict) else None
+        if kind not in _TEXT_PARTS or not isinstance(text, str):
+            raise APIError(
+                400,
+                f"content parts of type {str(kind)[:64]!r} are not served (text only)",
+                param=f"{where}.{index}.type",
+            )
+        texts.append(text)
+    return "".join(texts)
+
+
+def _call_from_item(item: dict[str, Any], where: str) -> dict[str, Any]:
+    call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
+    if not (isinstance(call_id, str) and isinstance(name, str) and isinstance(arguments, str)):
+        raise APIError(400, "function_call is {call_id, name, arguments}", param=where)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _chat_tool(tool: Any, index: int) -> dict[str, Any]:
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        raise APIError(
+            400,
+            f"tools of type {str(kind)[:64]!r} are not served (function tools are)",
+            param=f"tools.{index}.type",
+        )
+    function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
+    unknown = set(tool) - {"type", *function}
+    if unknown:
+        raise APIError(400, f"unknown tool fields {sorted(unknown)}", param=f"tools.{index}")
+    return {"type": "function", "function": function}
+
+
+def _chat_tool_choice(choice: Any) -> Any:
+    if choice is None or choice in ("none", "auto", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    raise APIError(
+        400,
+        'tool_choice is "none", "auto", "required" or {type: function, name}',
+        param="tool_choice",
+    )
+
+
+def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``text.format`` as chat's ``response_format`` (``verbosity`` is refused)."""
+    if not text:
+        return None
+    if set(text) - {"format", "verbosity"} or text.get("verbosity") not in (None, "medium"):
+        raise APIError(400, "text takes format (verbosity is not served)", param="text")
+    fmt = text.get("format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if fmt is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema" and isinstance(fmt, dict) and isinstance(fmt.get("schema"), dict):
+        spec = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        return {"type": "json_schema", "json_schema": spec}
+    raise APIError(
+        400,
+        "text.format is {type: text | json_object | json_schema (with name and schema)}",
+        param="text.format",
+    )
+
+
+# ---- output --------------------------------------------------------------------------------
+
+
+def message_item(text: str, logprobs: list[Any] | None, status: str) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+    if logprobs is not None:
+        part["logprobs"] = logprobs
+    return {
+        "type": "message",
+        "id": f"msg_{uuid.uuid4().hex}",
+        "status": status,
+        "role": "assistant",
+        "content": [part],
+    }
+
+
+def call_item(call: ToolCall, status: str = "completed") -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "id": f"fc_{uuid.uuid4().hex}",
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments,
+        "status": status,
+    }
+
+
+def response_usage(usage: dict[str, int]) -> dict[str, Any]:
+    return {
+        "input_tokens": usage["prompt_tokens"],
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": usage["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage["total_tokens"],
+    }
+
+
+def response_head(body: ResponsesRequest, response_id: str, created_s: int) -> dict[str, Any]:
+    """Every field of a response object but its status, output and usage: the request's
+    settings as served."""
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_s,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "metadata": body.metadata or {},
+        "model": body.model,
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "previous_response_id": body.previous_response_id,
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "text": {"format": (body.text or {}).get("format") or {"type": "text"}},
+        "tool_choice": body.tool_choice or ("auto" if body.tools else "none"),
+        "tools": body.tools or [],
+        "top_logprobs": body.top_logprobs,
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "truncation": "disabled",
+        "user": body.user,
+        "background": False,
+    }
+
+
+def finished(
+    head: dict[str, Any], output: list[dict[str, Any]], reason: str | None, usage: dict[str, int]
+) -> dict[str, Any]:
+    """The response object once generation ended (``incomplete`` when cut by
+    ``max_output_tokens``)."""
+    cut = reason == "length"
+    return {
+        **head,
+        "status": "incomplete" if cut else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "output": output,
+        "usage": response_usage(usage),
+    }
+
+
+def stored_items(body: ResponsesRequest) -> list[Any]:
+    """What of this request a later ``previous_response_id`` continues from: its input items
+    (``instructions`` are not carried over, as OpenAI's)."""
+    return _input_items(body.input)
+
+
+def event_bytes(event: dict[str, Any]) -> bytes:
+    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()

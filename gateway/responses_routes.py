@@ -1,0 +1,257 @@
+"""``/v1/responses``: OpenAI's Responses API (create, streamed or not; retrieve; delete), served
+by the chat path (:mod:`gateway.responses`) and stored in Redis (:mod:`gateway.response_store`).
+
+A streamed response sends OpenAI's events: ``response.created``, ``response.in_progress``, the
+message item (``output_item.added``, ``content_part.added``, ``output_text.delta``... ``.done``),
+each function call item (``function_call_arguments.delta`` / ``.done``), then
+``response.completed`` (``response.incomplete`` when cut by ``max_output_tokens``); an error
+after the first event is an ``error`` event."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from gateway.choices import Choice, collect, usage
+from gateway.errors import APIError
+from gateway.generation import KEEPALIVE
+from gateway.logprobs_format import chat_content
+from gateway.openai_routes import admit_and_start, chat_prompt, tool_plan
+from gateway.responses import (
+    call_item,
+    chat_request,
+    event_bytes,
+    finished,
+    message_item,
+    response_head,
+    stored_items,
+)
+from gateway.responses_models import ResponsesRequest, reject_unsupported_response_fields
+from gateway.sse import KEEPALIVE_EVENT, SseResponse
+from gateway.state import GatewayState
+from gateway.tenancy import Caller, authenticate
+from gateway.tools import ToolCall, ToolPlan, ToolStream, split_output, template_tools
+
+router = APIRouter()
+
+
+def _state(request: Request) -> GatewayState:
+    state: GatewayState = request.app.state.gateway
+    return state
+
+
+@router.post("/v1/responses", response_model=None)
+async def create_response(body: ResponsesRequest, request: Request) -> JSONResponse | SseResponse:
+    state = _state(request)
+    try:
+        reject_unsupported_response_fields(body)
+        caller = await authenticate(state, request)
+        store = _stores(state, body)
+        history: list[Any] = []
+        if body.previous_response_id is not None:
+            history = await state.responses.history(body.previous_response_id, caller.key_id)
+        chat = chat_request(body, history)
+    except APIError as exc:
+        state.metrics.rejected.labels(str(exc.status_code)).inc()
+        raise
+    plan = tool_plan(state, chat)
+    tools = template_tools(chat) if plan.render else None
+    prompts = chat_prompt(state, chat, tools)
+    max_tokens = chat.max_completion_tokens
+    (choice,) = await admit_and_start(
+        state, request, chat, prompts, max_tokens, "resp", plan.structured
+    )
+    head = response_head(body, choice.generation.request_id, int(time.time()))
+    head |= {"model": state.model_name, "store": store}
+    saver = _Saver(state, body, caller, store)
+    if body.stream:
+        return _streamed(state, choice, plan, head, saver, bool(chat.logprobs))
+    await collect([choice], request)
+    content, calls = split_output(plan, choice.text, choice.generation.finish_reason)
+    reason = "tool_calls" if calls else choice.generation.finish_reason
+    status = "incomplete" if reason == "length" else "completed"
+    logprobs = choice.chat_logprobs(state.prompts.token_text)["content"] if chat.logprobs else None
+    output = [message_item(content, logprobs, status)] if content or not calls else []
+    output += [call_item(call) for call in calls]
+    response = finished(head, output, reason, usage([choice]))
+    await saver.save(response)
+    return JSONResponse(response, headers={"x-request-id": response["id"]})
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve_response(response_id: str, request: Request) -> dict[str, Any]:
+    state = _state(request)
+    caller = await authenticate(state, request)
+    record = await state.responses.load(response_id, caller.key_id)
+    response: dict[str, Any] = record["response"]
+    return response
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
+    state = _state(request)
+    caller = await authenticate(state, request)
+    await state.responses.delete(response_id, caller.key_id)
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+def _stores(state: GatewayState, body: ResponsesRequest) -> bool:
+    """Whether this response is stored: ``store`` (default true, as OpenAI's) where the server
+    keeps responses; asking for storing, or continuing, where it keeps none is a 400."""
+    if state.responses.enabled:
+        return body.store is not False
+    asked = {"store": body.store, "previous_response_id": body.previous_response_id}
+    for param, value in asked.items():
+        if value:
+            raise APIError(400, "this server stores no responses (responses_ttl_s 0)", param)
+    return False
+
+
+class _Saver:
+    def __init__(
+        self, state: GatewayState, body: ResponsesRequest, caller: Caller, store: bool
+    ) -> None:
+        self.state, self.body, self.caller, self.store = state, body, caller, store
+
+    async def save(self, response: dict[str, Any]) -> None:
+        if self.store:
+            await self.state.responses.save(response, stored_items(self.body), self.caller.key_id)
+
+
+class _Events:
+    """Each event with its ``sequence_number``."""
+
+    def __init__(self) -> None:
+        self.num_sent = 0
+
+    def __call__(self, kind: str, **fields: Any) -> bytes:
+        event = {"type": kind, "sequence_number": self.num_sent, **fields}
+        self.num_sent += 1
+        return event_bytes(event)
+
+
+def _streamed(
+    state: GatewayState,
+    choice: Choice,
+    plan: ToolPlan,
+    head: dict[str, Any],
+    saver: _Saver,
+    with_logprobs: bool,
+) -> SseResponse:
+    service = choice.generation.service
+    keepalive_s = service.settings.sse_keepalive_s or None
+    emit = _Events()
+    stream = _MessageStream(emit, state, with_logprobs)
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            started = {**head, "status": "in_progress", "output": [], "usage": None}
+            yield emit("response.created", response=started)
+            yield emit("response.in_progress", response=started)
+            tools = ToolStream(plan) if plan.calls_tools else None
+            async for delta in choice.generation.deltas(keepalive_s):
+                if delta is KEEPALIVE:
+                    yield KEEPALIVE_EVENT
+                    continue
+                choice.deltas.append(delta)
+                text = tools.feed(delta.text) if tools is not None else delta.text
+                calls: list[ToolCall] = []
+                if delta.finish_reason and tools is not None:
+                    rest, calls = tools.finish(delta.finish_reason)
+                    text += rest
+                for event in stream.text(text, delta.token_ids, delta.logprobs):
+                    yield event
+                if delta.finish_reason:
+                    reason = "tool_calls" if calls else delta.finish_reason
+                    for event in stream.finish(reason, calls):
+                        yield event
+                    response = finished(head, stream.output, reason, usage([choice]))
+                    await saver.save(response)
+                    done = "response.incomplete" if reason == "length" else "response.completed"
+                    yield emit(done, response=response)
+        except APIError as exc:
+            error = exc.body()["error"]
+            yield emit("error", code=error["code"], message=error["message"], param=error["param"])
+
+    def close() -> None:
+        service.finish(choice.generation)
+
+    return SseResponse(events(), {"x-request-id": head["id"], "cache-control": "no-cache"}, close)
+
+
+class _MessageStream:
+    """The output items of one streamed response as events: the message opened at its first
+    text, closed at the end (an empty one when nothing else came), then the calls."""
+
+    def __init__(self, emit: _Events, state: GatewayState, with_logprobs: bool) -> None:
+        self.emit = emit
+        self.decode = state.prompts.token_text
+        self.with_logprobs = with_logprobs
+        self.message: dict[str, Any] | None = None
+        self.text_so_far = ""
+        self.pending: list[Any] = []  # log-probabilities of tokens whose text is held
+        self.logprobs: list[Any] = []
+        self.output: list[dict[str, Any]] = []
+
+    def _where(self) -> dict[str, Any]:
+        assert self.message is not None
+        return {"item_id": self.message["id"], "output_index": 0, "content_index": 0}
+
+    def _open(self) -> list[bytes]:
+        self.message = message_item("", [] if self.with_logprobs else None, "in_progress")
+        self.message["content"] = []
+        part = {"type": "output_text", "text": "", "annotations": []}
+        return [
+            self.emit("response.output_item.added", output_index=0, item=self.message),
+            self.emit("response.content_part.added", **self._where(), part=part),
+        ]
+
+    def text(self, text: str, token_ids: tuple[int, ...], logprobs: Any) -> list[bytes]:
+        if self.with_logprobs and logprobs is not None:
+            self.pending.extend(chat_content(token_ids, logprobs, self.decode))
+        if not text:
+            return []
+        events = self._open() if self.message is None else []
+        entries, self.pending = self.pending, []
+        self.logprobs.extend(entries)
+        self.text_so_far += text
+        fields: dict[str, Any] = {"delta": text, "logprobs": entries}
+        events.append(self.emit("response.output_text.delta", **self._where(), **fields))
+        return events
+
+    def finish(self, reason: str, calls: list[ToolCall]) -> list[bytes]:
+        events = self._open() if self.message is None and not calls else []
+        if self.message is not None:
+            status = "incomplete" if reason == "length" else "completed"
+            self.logprobs.extend(self.pending)
+            logprobs = self.logprobs if self.with_logprobs else None
+            item = message_item(self.text_so_far, logprobs, status)
+            item["id"] = self.message["id"]
+            text, part = self.text_so_far, item["content"][0]
+            events.append(self.emit("response.output_text.done", **self._where(), text=text))
+            events.append(self.emit("response.content_part.done", **self._where(), part=part))
+            events.append(self.emit("response.output_item.done", output_index=0, item=item))
+            self.output.append(item)
+        for call in calls:
+            events.extend(self._call(call))
+        return events
+
+    def _call(self, call: ToolCall) -> list[bytes]:
+        index = len(self.output)
+        item = call_item(call)
+        where = {"item_id": item["id"], "output_index": index}
+        opened = {**item, "arguments": "", "status": "in_progress"}
+        return [
+            self.emit("response.output_item.added", output_index=index, item=opened),
+            self.emit("response.function_call_arguments.delta", **where, delta=call.arguments),
+            self.emit("response.function_call_arguments.done", **where, arguments=call.arguments),
+            self._done(index, item),
+        ]
+
+    def _done(self, index: int, item: dict[str, Any]) -> bytes:
+        self.output.append(item)
+        return self.emit("response.output_item.done", output_index=index, item=item)
