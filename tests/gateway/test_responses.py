@@ -134,8 +134,8 @@ def test_a_json_schema_text_format_always_validates(client: OpenAI) -> None:
     fmt: Any = {"type": "json_schema", "name": "weather", "schema": WEATHER, "strict": True}
     for seed in range(5):
         reply = client.responses.create(
-            model=MODEL, input="Weather?", text={"format": fmt}, temperature=1.0, extra_body={"seed": seed},
-            max_output_tokens=64,
+            model=MODEL, input="Weather?", text={"format": fmt}, temperature=1.0,
+            extra_body={"seed": seed}, max_output_tokens=64,
         )  # fmt: skip
         jsonschema.validate(json.loads(reply.output_text), WEATHER)
 
