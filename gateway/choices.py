@@ -22,7 +22,7 @@ from gateway.errors import APIError
 from gateway.generation import KEEPALIVE, Delta, Generation
 from gateway.logprobs_format import CompletionLogprobs, Decode, chat_content
 from gateway.sse import KEEPALIVE_EVENT, ChunkBuilder, ChunkFormat
-from gateway.tools import ToolStream
+from gateway.tools import ToolStream, calls_finish_reason
 
 _DONE = object()  # a choice's stream ended
 
@@ -222,7 +222,8 @@ class ChoiceStream:
                 "tool_calls": [call.as_openai(i) for i, call in enumerate(calls)]
             }
             events.append(chunks.event(chunk))
-        events.append(chunks.delta("", "tool_calls" if calls else delta.finish_reason))
+        reason = calls_finish_reason(self.tools.plan, delta.finish_reason)
+        events.append(chunks.delta("", reason if calls else delta.finish_reason))
         return events
 
     def _echo_logprobs(self) -> Any:

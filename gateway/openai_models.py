@@ -107,6 +107,12 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
+    """A message of the conversation. An assistant message sent back as the client got it
+    (``message.model_dump()``) carries OpenAI's output fields too: ``refusal`` is its text when
+    it has no content, ``reasoning_content`` (vLLM's) goes to the template, ``parsed`` (the
+    client's own parse of ``content``) is the content again; ``audio``, ``function_call`` and
+    ``annotations`` are taken only empty."""
+
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -114,12 +120,18 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[Any] | None = None  # an assistant's calls, in a history
     tool_call_id: str | None = None  # a tool message's answer to that call
+    refusal: str | None = None
+    reasoning_content: str | None = None
+    parsed: Any = None
+    audio: None = None
+    function_call: None = None
+    annotations: Annotated[list[Any], Field(max_length=0)] | None = None
 
-    _text = field_validator("content", "name")(valid_unicode)
+    _text = field_validator("content", "name", "refusal", "reasoning_content")(valid_unicode)
 
     def text(self) -> str:
         if self.content is None:
-            return ""
+            return self.refusal or ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)

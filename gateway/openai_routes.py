@@ -30,7 +30,7 @@ from gateway.fastlane import FastRoutes
 from gateway.generation import Generation, GenerationParams
 from gateway.logprobs_format import Decode, vllm_prompt_logprobs
 from gateway.openai_models import ChatCompletionRequest, CompletionRequest, SamplingFields
-from gateway.sampling import check_choices, generation_params
+from gateway.sampling import check_choices, generation_params, refuse_uncompilable
 from gateway.sse import ChunkBuilder, ChunkFormat, SseResponse
 from gateway.state import GatewayState
 from gateway.tenancy import admit, authenticate
@@ -157,7 +157,12 @@ def tool_plan(state: GatewayState, body: ChatCompletionRequest) -> ToolPlan:
     """The request's tool plan (a refusal counted like the others)."""
     settings = state.settings
     try:
-        return plan_tools(body, settings.enable_auto_tool_choice, settings.tool_call_parser)
+        return plan_tools(
+            body,
+            settings.enable_auto_tool_choice,
+            settings.tool_call_parser,
+            settings.exclude_tools_when_tool_choice_none,
+        )
     except APIError as exc:
         state.metrics.rejected.labels(str(exc.status_code)).inc()
         raise
@@ -203,6 +208,8 @@ async def admit_and_start(
             generation_params(state, request, body, caller, p, max_tokens, tool_structured)
             for p in prompt_ids
         ]
+        structured = params[0].sampling.structured
+        await refuse_uncompilable(state, body, structured, tool_structured is not None)
         request_id = f"{id_prefix}-{uuid.uuid4().hex}"
         return await _start_choices(state, request, request_id, params, n)
     except APIError as exc:

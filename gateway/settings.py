@@ -75,6 +75,8 @@ class GatewaySettings(BaseSettings):
     # parser one of hermes, llama3_json; required and named functions need neither.
     enable_auto_tool_choice: bool = False
     tool_call_parser: Literal["hermes", "llama3_json"] | None = None
+    # tool_choice "none" renders the tools all the same (vLLM's default) unless this is set
+    exclude_tools_when_tool_choice_none: bool = False
     # choices in one request: prompts of a completions batch x n
     max_choices: int = Field(default=128, ge=1)
     # Responses API: a stored response (store, previous_response_id) is kept this long in

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -63,6 +64,8 @@ class GatewayState:
             settings, self.redis, self.tokenizer, self.dispatcher, self.directory, self.metrics
         )
         self.responses = ResponseStore(self.redis, settings.responses_ttl_s)
+        # structured outputs are checked to compile here (gateway/sampling.py), one at a time
+        self.grammar_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-check")
         self.heartbeat = Heartbeat(
             settings.redis_url,
             self.gateway_id,
@@ -105,6 +108,7 @@ class GatewayState:
         await self.dispatcher.close()
         await self.redis.aclose()
         self.prompts.close()
+        self.grammar_thread.shutdown(wait=False, cancel_futures=True)
         log.info("gateway_stopped", gateway_id=self.gateway_id)
 
     def readiness(self) -> tuple[list[str], list[str]]:

@@ -10,7 +10,10 @@ a named function) and ``parallel_tool_calls``.
   ``<tool_call>{"name", "arguments"}</tool_call>``) or ``llama3_json`` (Llama 3.x: a JSON
   object ``{"name", "parameters"}``, several separated by ``;``). Text before the first call is
   the message's content; output that does not parse stays content.
-- ``none`` generates text (the tools are not rendered, as vLLM's default)."""
+- ``none`` generates text; the tools are still rendered (vLLM's default: a history's calls
+  name functions the prompt defines), unless ``exclude_tools_when_tool_choice_none``.
+- ``parallel_tool_calls: false`` keeps the first call of an ``auto`` output (``required``
+  generates one)."""
 
 from __future__ import annotations
 
@@ -52,13 +55,19 @@ class ToolPlan:
     render: bool = False
     parser: str | None = None
     named: str | None = None
+    parallel: bool = True  # parallel_tool_calls: false keeps one call
 
     @property
     def calls_tools(self) -> bool:
         return self.mode != "none"
 
 
-def plan_tools(body: ChatCompletionRequest, auto_enabled: bool, parser: str | None) -> ToolPlan:
+def plan_tools(
+    body: ChatCompletionRequest,
+    auto_enabled: bool,
+    parser: str | None,
+    exclude_tools_when_none: bool = False,
+) -> ToolPlan:
     """The request's tool plan; 400 naming the field for a choice that cannot be served."""
     tools = body.tools or []
     functions = {_function(t, i)["name"]: _function(t, i) for i, t in enumerate(tools)}
@@ -71,7 +80,8 @@ def plan_tools(body: ChatCompletionRequest, auto_enabled: bool, parser: str | No
             raise APIError(
                 400, f"tool_choice {wanted} needs tools, and none are given", "tool_choice"
             )
-        return ToolPlan("none")
+        return ToolPlan("none", render=bool(tools) and not exclude_tools_when_none)
+    parallel = body.parallel_tool_calls is not False
     if choice == "auto":
         if not (auto_enabled and parser):
             raise APIError(
@@ -80,18 +90,40 @@ def plan_tools(body: ChatCompletionRequest, auto_enabled: bool, parser: str | No
                 "--tool-call-parser (or tool_choice required / a named function)",
                 param="tool_choice",
             )
-        return ToolPlan("auto", render=True, parser=parser)
+        return ToolPlan("auto", render=True, parser=parser, parallel=parallel)
     if choice == "required":
-        items = [_call_schema(name, f) for name, f in functions.items()]
-        array: dict[str, Any] = {"type": "array", "items": {"anyOf": items}, "minItems": 1}
-        if body.parallel_tool_calls is False:
-            array["maxItems"] = 1
-        return ToolPlan("required", StructuredOutput("json", json.dumps(array)), render=True)
+        return ToolPlan("required", _required_output(functions, parallel), render=True)
     name = _named(choice)
     if name not in functions:
         raise APIError(400, f"tool_choice names {name[:64]!r}, not one of the tools", "tool_choice")
     schema = functions[name].get("parameters") or {"type": "object"}
     return ToolPlan("named", StructuredOutput("json", json.dumps(schema)), True, named=name)
+
+
+def _required_output(functions: dict[str, dict[str, Any]], parallel: bool) -> StructuredOutput:
+    """A JSON array of ``{name, parameters}`` calls, each tool's ``$defs`` (what
+    ``openai.pydantic_function_tool`` writes for nested models) lifted to the array's root so
+    that their ``#/$defs/...`` references resolve there."""
+    defs: dict[str, Any] = {}
+    items = []
+    for index, (name, function) in enumerate(functions.items()):
+        parameters = dict(function.get("parameters") or {"type": "object"})
+        for key in ("$defs", "definitions"):
+            for def_name, schema in (parameters.pop(key, None) or {}).items():
+                if defs.setdefault(def_name, schema) != schema:
+                    raise APIError(
+                        400,
+                        f"tools define {key} {def_name!r} differently: required calls "
+                        "share one schema",
+                        param=f"tools.{index}.function.parameters",
+                    )
+        items.append(_call_schema(name, parameters))
+    array: dict[str, Any] = {"type": "array", "items": {"anyOf": items}, "minItems": 1}
+    if not parallel:
+        array["maxItems"] = 1
+    if defs:
+        array["$defs"] = defs
+    return StructuredOutput("json", json.dumps(array))
 
 
 def _function(tool: Any, index: int) -> dict[str, Any]:
@@ -102,7 +134,7 @@ def _function(tool: Any, index: int) -> dict[str, Any]:
         and isinstance(function, dict)
         and isinstance(function.get("name"), str)
         and function["name"]
-        and isinstance(function.get("parameters", {}), dict)
+        and isinstance(function.get("parameters") or {}, dict)
     ):
         raise APIError(
             400,
@@ -123,13 +155,10 @@ def _named(choice: Any) -> str:
     )
 
 
-def _call_schema(name: str, function: dict[str, Any]) -> dict[str, Any]:
+def _call_schema(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
     return {
         "type": "object",
-        "properties": {
-            "name": {"type": "string", "enum": [name]},
-            "parameters": function.get("parameters") or {"type": "object"},
-        },
+        "properties": {"name": {"type": "string", "enum": [name]}, "parameters": parameters},
         "required": ["name", "parameters"],
         "additionalProperties": False,
     }
@@ -140,10 +169,16 @@ def template_tools(body: ChatCompletionRequest) -> list[dict[str, Any]]:
 
 
 def enforced_calls(plan: ToolPlan, text: str) -> list[ToolCall]:
-    """The call(s) in a required or named output (the grammar made it parse)."""
+    """The call(s) in a required or named output (the grammar made it parse); a named call's
+    arguments are the text as generated."""
     if plan.mode == "named" and plan.named is not None:
-        return [ToolCall(plan.named, json.dumps(json.loads(text)))]
-    return [ToolCall(c["name"], json.dumps(c["parameters"])) for c in json.loads(text)]
+        json.loads(text)  # raises where max_tokens cut it
+        return [ToolCall(plan.named, text.strip())]
+    return [ToolCall(c["name"], _json(c["parameters"])) for c in json.loads(text)]
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)  # arguments' text as the model wrote it
 
 
 def parse_calls(parser: str, text: str) -> tuple[str, list[ToolCall]]:
@@ -152,17 +187,36 @@ def parse_calls(parser: str, text: str) -> tuple[str, list[ToolCall]]:
         start = text.find(HERMES_TAG)
         if start < 0:
             return text, []
-        calls = [_call(raw, "arguments") for raw in _HERMES_CALL.findall(text[start:])]
-        if not calls or None in calls:
+        found = [_call(raw, "arguments") for raw in _HERMES_CALL.findall(text[start:])]
+        if not found or None in found:
             return text, []
-        return text[:start].rstrip(), [c for c in calls if c is not None]
-    stripped = text.strip()
-    if not stripped.startswith("{"):
-        return text, []
-    calls = [_call(part, "parameters") for part in stripped.split(";") if part.strip()]
-    if not calls or None in calls:
-        return text, []
-    return "", [c for c in calls if c is not None]
+        return text[:start], [c for c in found if c is not None]
+    calls = _llama3_calls(text)
+    return ("", calls) if calls else (text, [])
+
+
+def _llama3_calls(text: str) -> list[ToolCall]:
+    """Llama 3.x's calls: JSON objects separated by ``;`` (a ``;`` inside an argument string
+    is the argument's); none unless the whole text is calls."""
+    decoder = json.JSONDecoder()
+    calls: list[ToolCall] = []
+    at = len(text) - len(text.lstrip())
+    while at < len(text):
+        try:
+            value, end = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            return []
+        call = _call_of(value, "parameters")
+        if call is None:
+            return []
+        calls.append(call)
+        rest = text[end:].lstrip()
+        if rest.startswith(";"):
+            rest = rest[1:].lstrip()
+        elif rest:
+            return []
+        at = len(text) - len(rest)
+    return calls
 
 
 def _call(raw: str, arguments_key: str) -> ToolCall | None:
@@ -170,10 +224,14 @@ def _call(raw: str, arguments_key: str) -> ToolCall | None:
         value = json.loads(raw)
     except json.JSONDecodeError:
         return None
+    return _call_of(value, arguments_key)
+
+
+def _call_of(value: Any, arguments_key: str) -> ToolCall | None:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     arguments = value.get(arguments_key, value.get("arguments", value.get("parameters", {})))
-    return ToolCall(value["name"], json.dumps(arguments))
+    return ToolCall(value["name"], _json(arguments))
 
 
 def held_back(parser: str, text: str) -> int:
@@ -201,6 +259,8 @@ def history_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
             entry["tool_call_id"] = message.tool_call_id
         if message.name is not None:
             entry["name"] = message.name
+        if message.reasoning_content is not None:
+            entry["reasoning_content"] = message.reasoning_content
         out.append(entry)
     return out
 
@@ -225,8 +285,8 @@ def _history_call(call: Any, index: int) -> dict[str, Any]:
 def assistant_message(
     plan: ToolPlan, text: str, reason: str | None
 ) -> tuple[dict[str, Any], str | None]:
-    """A whole choice's message and finish reason: its tool calls (``tool_calls``) when the
-    plan made or found any, else its text. An enforced output cut by max_tokens stays text."""
+    """A whole choice's message and finish reason: its tool calls when the plan made or found
+    any, else its text. An enforced output cut by max_tokens stays text."""
     content, calls = split_output(plan, text, reason)
     message: dict[str, Any] = {
         "role": "assistant",
@@ -234,8 +294,14 @@ def assistant_message(
     }
     if calls:
         message["tool_calls"] = [call.as_openai() for call in calls]
-        reason = "tool_calls"
+        reason = calls_finish_reason(plan, reason)
     return message, reason
+
+
+def calls_finish_reason(plan: ToolPlan, reason: str | None) -> str | None:
+    """``tool_calls``, or ``stop`` for a named function (OpenAI's and vLLM's: the caller chose
+    the call, the model did not)."""
+    return reason if plan.mode == "named" else "tool_calls"
 
 
 def split_output(plan: ToolPlan, text: str, reason: str | None) -> tuple[str, list[ToolCall]]:
@@ -245,7 +311,8 @@ def split_output(plan: ToolPlan, text: str, reason: str | None) -> tuple[str, li
         except (json.JSONDecodeError, KeyError, TypeError):
             return text, []
     if plan.mode == "auto" and plan.parser is not None:
-        return parse_calls(plan.parser, text)
+        content, calls = parse_calls(plan.parser, text)
+        return content, calls if plan.parallel else calls[:1]
     return text, []
 
 

@@ -78,6 +78,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="the model family's tool-call format (Hermes/Qwen2.5: hermes; Llama 3.x)",
     )
     parser.add_argument(
+        "--exclude-tools-when-tool-choice-none",
+        action="store_true",
+        help='tool_choice "none" leaves the tools out of the prompt (default: rendered)',
+    )
+    parser.add_argument(
         "--ready-timeout-s", type=float, default=600.0, help="give up if not ready by then"
     )
     from data_plane.settings import WorkerSettings
@@ -152,6 +157,7 @@ def _gateway_settings(args: argparse.Namespace, redis_url: str, admin_token: str
         admin_token=admin_token,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
+        exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
     )
 
 

@@ -22,7 +22,7 @@ from data_plane.engine.logprobs import token_logprobs
 from data_plane.engine.request import Request
 from data_plane.engine.sampler import Sampler
 from data_plane.engine.sampling import SamplingRow
-from data_plane.engine.structured import mask_logits
+from data_plane.engine.structured import ends_where_grammar_ends, mask_logits
 from data_plane.models.attention import AttentionMetadata
 from data_plane.models.llama import LlamaModel
 from data_plane.models.staging import HostStaging
@@ -138,8 +138,9 @@ class ModelRunner:
             SamplingRow.of(r.params, r.prompt_token_ids, r.output_token_ids, r.stop_ids)
             for r in requests
         ]
-        allowed = mask_logits(logits[:num_sampled], [r.grammar for r in requests])
-        tokens = self.sampler.sample(allowed, rows)
+        matchers = [r.grammar for r in requests]
+        allowed = mask_logits(logits[:num_sampled], matchers)
+        tokens = self.sampler.sample(allowed, ends_where_grammar_ends(allowed, matchers, rows))
         sampled = Sampled({r.request_id: t for r, t in zip(requests, tokens, strict=True)})
         _sampled_logprobs(logits[:num_sampled], requests, tokens, sampled)
         _prompt_logprobs(logits[num_sampled:], prompt_rows, sampled)

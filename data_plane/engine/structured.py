@@ -10,8 +10,7 @@ byte tokenizer as the bytes each id decodes to. Compiled grammars are cached by 
 
 from __future__ import annotations
 
-import json
-import re
+import dataclasses
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -19,15 +18,12 @@ from typing import Any
 import torch
 
 from data_plane.engine.request import RequestError
+from data_plane.engine.sampling import SamplingRow
+from shared.grammar import GrammarError, build_grammar
 from shared.sampling import StructuredOutput
 from shared.tokenizer import ByteTokenizer, HFTokenizer, Llama2cTokenizer, Tokenizer
 
 MAX_CACHED_GRAMMARS = 256
-
-
-def _ebnf_string(text: str) -> str:
-    """``text`` as an EBNF string literal (JSON's escapes are xgrammar's)."""
-    return json.dumps(text, ensure_ascii=False)
 
 
 class Grammars:
@@ -57,32 +53,14 @@ class Grammars:
                 self._cache.move_to_end(key)
                 return self._cache[key]
         try:
-            compiled = self._compile(structured)
-        except (RuntimeError, ValueError, TypeError) as exc:
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            message = _SOURCE_PREFIX.sub("", message)[:300]  # xgrammar's file:line, not ours
-            raise RequestError(f"the {structured.kind} structured output: {message}") from exc
+            compiled = self._get_compiler().compile_grammar(build_grammar(structured))
+        except GrammarError as exc:
+            raise RequestError(str(exc)) from exc
         with self._lock:
             self._cache[key] = compiled
             while len(self._cache) > MAX_CACHED_GRAMMARS:
                 self._cache.popitem(last=False)
         return compiled
-
-    def _compile(self, structured: StructuredOutput) -> Any:
-        compiler = self._get_compiler()
-        kind, spec = structured.kind, structured.spec
-        if kind == "json":
-            return compiler.compile_json_schema(spec, any_whitespace=False)
-        if kind == "regex":
-            return compiler.compile_regex(spec)
-        if kind == "choice":
-            choices = json.loads(spec)
-            if not (
-                isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices)
-            ):
-                raise ValueError("a choice is a non-empty list of strings")
-            return compiler.compile_grammar("root ::= " + " | ".join(map(_ebnf_string, choices)))
-        return compiler.compile_grammar(spec)
 
     def _get_compiler(self) -> Any:
         with self._lock:
@@ -92,9 +70,6 @@ class Grammars:
                 info = _tokenizer_info(self.tokenizer, self.vocab_size, self.stop_ids)
                 self._compiler = xgrammar.GrammarCompiler(info, max_threads=2)
             return self._compiler
-
-
-_SOURCE_PREFIX = re.compile(r"^\S+\.(?:cc|cpp|h|py):\d+:\s*")
 
 
 def _tokenizer_info(tokenizer: Tokenizer | None, vocab_size: int, stop_ids: list[int]) -> Any:
@@ -133,3 +108,20 @@ def mask_logits(logits: torch.Tensor, matchers: list[Any]) -> torch.Tensor:
     masked = logits.clone()
     xgrammar.apply_token_bitmask_inplace(masked, bitmask.to(logits.device), indices=rows)
     return masked
+
+
+def ends_where_grammar_ends(
+    allowed: torch.Tensor, matchers: list[Any], rows: list[SamplingRow]
+) -> list[SamplingRow]:
+    """``rows``, where a row's grammar now allows nothing but its stop tokens, without the
+    ``min_tokens`` mask on them: the grammar's end wins. (Both masks left every logit at -inf
+    and the sampler drew tokens the grammar refused: ``"yes"`` then ``"ectable"`` four times
+    for a choice with ``min_tokens`` 5.)"""
+    for i, (matcher, row) in enumerate(zip(matchers, rows, strict=True)):
+        if matcher is None or not row.suppressed_ids:
+            continue
+        other = torch.isfinite(allowed[i])
+        other[list(row.suppressed_ids)] = False
+        if not bool(other.any()):
+            rows[i] = dataclasses.replace(row, suppressed_ids=())
+    return rows

@@ -4,6 +4,8 @@ published reference output."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from openai import BadRequestError, NotFoundError, OpenAI
 
@@ -107,3 +109,29 @@ def test_bad_requests_get_openai_errors(client: OpenAI) -> None:
     # The server is unharmed: a good request right after succeeds.
     ok = client.completions.create(model=MODEL, prompt="", max_tokens=3, temperature=0)
     assert ok.choices[0].text
+
+
+def test_an_assistant_message_sent_back_as_the_client_got_it_is_served(client: OpenAI) -> None:
+    """``messages.append(reply.choices[0].message.model_dump())``, the agent loop's idiom,
+    was a 400 ('messages.1.refusal' is not a field); the prompt is the role and content's."""
+    question = {"role": "user", "content": "Lily"}
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[question], max_tokens=4, temperature=0
+    )
+    dumped = reply.choices[0].message.model_dump()
+    assert {"refusal", "audio", "function_call", "annotations"} <= set(dumped)
+    plain = {"role": "assistant", "content": reply.choices[0].message.content}
+    follow = {"role": "user", "content": "Then"}
+    common: Any = dict(model=MODEL, max_tokens=1, temperature=0)
+    sent_back = client.chat.completions.create(messages=[question, dumped, follow], **common)
+    reference = client.chat.completions.create(messages=[question, plain, follow], **common)
+    assert sent_back.usage is not None and reference.usage is not None
+    assert sent_back.usage.prompt_tokens == reference.usage.prompt_tokens
+    parsed = {**dumped, "parsed": {"any": "thing"}}  # what beta.chat.completions.parse adds
+    client.chat.completions.create(messages=[question, parsed, follow], **common)
+    with pytest.raises(BadRequestError) as refused:
+        audio = {**dumped, "audio": {"id": "audio_1"}}
+        client.chat.completions.create(messages=[question, audio, follow], **common)
+    assert (
+        isinstance(refused.value.body, dict) and refused.value.body["param"] == "messages.1.audio"
+    )

@@ -104,7 +104,7 @@ def test_vllm_fields_and_streaming(served: Served, client: OpenAI) -> None:
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"guided_regex": "([a-z"}, None),  # does not compile: the worker's 400
+        ({"guided_regex": "([a-z"}, "guided_regex"),  # does not compile
         ({"guided_choice": []}, "guided_choice"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
         ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
@@ -126,3 +126,42 @@ def test_the_openai_client_sees_a_bad_schema_as_a_bad_request(client: OpenAI) ->
             model=MODEL, messages=[{"role": "user", "content": "Go"}], max_tokens=4,
             response_format=bad,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"guided_regex": "(unclosed"}, "guided_regex"),
+        ({"guided_grammar": "root ::= ("}, "guided_grammar"),
+        ({"guided_json": {"$ref": "#/$defs/Missing"}}, "guided_json"),
+        ({"structured_outputs": {"regex": "(x"}}, "structured_outputs"),
+    ],
+)
+def test_a_stream_whose_grammar_does_not_compile_is_a_400_before_it_starts(
+    client: OpenAI, extra: dict[str, Any], param: str
+) -> None:
+    """It was a 200, then an error event (the worker found it): the openai client's create()
+    succeeded and its iteration raised a generic APIError; the message carried xgrammar's
+    timestamp and source path."""
+    for n in (1, 2):
+        with pytest.raises(BadRequestError) as refused:
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Go"}], max_tokens=4,
+                stream=True, n=n, extra_body=extra,
+            )  # fmt: skip
+        error = refused.value.body
+        assert isinstance(error, dict) and error["param"] == param
+        assert ".cc:" not in error["message"] and not error["message"].startswith("[")
+
+
+def test_min_tokens_does_not_carry_an_output_past_its_grammars_end(client: OpenAI) -> None:
+    """With both masks every logit was -inf once the choice was complete, and the sampler drew
+    tokens the grammar refused ("yesectableectable...", finish "stop")."""
+    for temperature in (0.0, 1.0):
+        reply = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Go"}], max_tokens=16, n=2,
+            temperature=temperature, seed=3, extra_body={"guided_choice": ["yes", "no"],
+                                                         "min_tokens": 5},
+        )  # fmt: skip
+        for choice in reply.choices:
+            assert choice.message.content in ("yes", "no") and choice.finish_reason == "stop"

@@ -16,7 +16,7 @@ from openai import BadRequestError, OpenAI
 
 from gateway.errors import APIError
 from gateway.openai_models import ChatCompletionRequest
-from gateway.tools import ToolPlan, ToolStream, parse_calls, plan_tools
+from gateway.tools import ToolPlan, ToolStream, parse_calls, plan_tools, split_output
 from tests.served import Served
 
 MODEL = "stories260K"
@@ -116,8 +116,7 @@ def test_a_history_with_calls_and_tool_answers_is_rendered(served: Served) -> No
         },
         {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"},
     ]
-    body = {"model": MODEL, "messages": history, "tools": TOOLS, "tool_choice": "none",
-            "max_tokens": 4}  # fmt: skip
+    body = {"model": MODEL, "messages": history, "tool_choice": "none", "max_tokens": 4}
     response = httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=60)
     assert response.status_code == 200, response.text
     tokenized = httpx.post(
@@ -128,6 +127,20 @@ def test_a_history_with_calls_and_tool_answers_is_rendered(served: Served) -> No
     bad = [*history[:1], {**history[1], "tool_calls": [{"id": "x", "function": {"name": 3}}]}]
     refused = httpx.post(f"{served.url}/v1/chat/completions", json={**body, "messages": bad})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages.1"
+
+
+def test_tool_choice_none_still_renders_the_tools(served: Served, client: OpenAI) -> None:
+    """vLLM's default: the prompt defines the functions a history's calls name (the tools were
+    left out, so a model saw calls to functions it was never given)."""
+    small: Any = [{"type": "function", "function": {"name": "clock"}}]
+    common: Any = dict(model=MODEL, messages=MESSAGES, max_tokens=1)
+    with_tools = client.chat.completions.create(**common, tools=small, tool_choice="none")
+    without = client.chat.completions.create(**common)
+    assert with_tools.usage is not None and without.usage is not None
+    assert with_tools.usage.prompt_tokens > without.usage.prompt_tokens
+    body = ChatCompletionRequest.model_validate({**common, "tools": small, "tool_choice": "none"})
+    assert plan_tools(body, False, None).render
+    assert not plan_tools(body, False, None, exclude_tools_when_none=True).render
 
 
 def test_auto_needs_the_servers_flags_and_then_parses(
@@ -171,7 +184,7 @@ def test_hermes_and_llama3_outputs_parse() -> None:
         '\n</tool_call>\n<tool_call>{"name": "clock", "arguments": {"zone": "UTC"}}</tool_call>'
     )
     content, calls = parse_calls("hermes", text)
-    assert content == "Let me check."
+    assert content == "Let me check. "  # as generated (vLLM's; the stream sent the space too)
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [
         ("weather", {"city": "Oslo", "days": 2}),
         ("clock", {"zone": "UTC"}),
@@ -184,6 +197,48 @@ def test_hermes_and_llama3_outputs_parse() -> None:
     )  # fmt: skip
     assert content == "" and [c.name for c in calls] == ["clock", "weather"]
     assert parse_calls("llama3_json", "Hello {x}")[1] == []
+    # a ";" inside an argument is the argument's (the call was lost as content); non-ASCII kept
+    (call,) = parse_calls("llama3_json", '{"name": "q", "parameters": {"sql": "a;b", "c": "São"}}')[
+        1
+    ]
+    assert json.loads(call.arguments) == {"sql": "a;b", "c": "São"} and "São" in call.arguments
+    assert parse_calls("llama3_json", '{"name": "q", "parameters": {}} trailing')[1] == []
+
+
+def test_parallel_tool_calls_false_keeps_the_first_auto_call() -> None:
+    text = '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {}}</tool_call>'
+    one = ToolPlan("auto", render=True, parser="hermes", parallel=False)
+    assert [c.name for c in split_output(one, text, "stop")[1]] == ["a"]
+    stream = ToolStream(one)
+    stream.feed(text)
+    assert [c.name for c in stream.finish("stop")[1]] == ["a"]
+    both = ToolPlan("auto", render=True, parser="hermes")
+    assert [c.name for c in split_output(both, text, "stop")[1]] == ["a", "b"]
+
+
+def test_required_calls_resolve_each_tools_defs(client: OpenAI) -> None:
+    """``openai.pydantic_function_tool`` of a nested model writes ``$defs`` and ``$ref``: under
+    required they were nested in the array's schema, where ``#/$defs/...`` did not resolve (a
+    400 from the grammar compiler)."""
+    address = {"type": "object", "properties": {"city": {"enum": ["Oslo"]}},
+               "required": ["city"], "additionalProperties": False}  # fmt: skip
+    ship = {
+        "type": "object", "$defs": {"Address": address},
+        "properties": {"to": {"$ref": "#/$defs/Address"}}, "required": ["to"],
+        "additionalProperties": False,
+    }  # fmt: skip
+    tools: Any = [{"type": "function", "function": {"name": "ship", "parameters": ship}}]
+    reply = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, tools=tools, tool_choice="required", max_tokens=190,
+        temperature=1.0, seed=1, parallel_tool_calls=False,
+    )  # fmt: skip
+    (call,) = reply.choices[0].message.tool_calls or []
+    jsonschema.validate(json.loads(call.function.arguments), ship)
+    named = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, tools=tools, max_tokens=190, temperature=1.0, seed=1,
+        tool_choice={"type": "function", "function": {"name": "ship"}},
+    )  # fmt: skip
+    assert named.choices[0].finish_reason == "stop"  # OpenAI's and vLLM's for a named call
 
 
 def test_the_stream_holds_back_only_what_may_be_a_call() -> None:

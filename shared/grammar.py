@@ -1,0 +1,65 @@
+"""A structured output (JSON schema, regex, choice of strings, EBNF grammar) as an xgrammar
+grammar, before any tokenizer: the gateway builds it to refuse one that does not compile with a
+400 before a stream starts (vLLM's front end does the same), the worker compiles it for its
+vocabulary. Both sides build it here, so they cannot disagree on what compiles."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from typing import Any
+
+from shared.sampling import StructuredOutput
+
+# xgrammar's messages start "[03:42:01] /project/cpp/regex_converter.cc:94: ": not the client's
+_SOURCE_PREFIX = re.compile(r"^(?:\[[\d:]+\]\s*)?\S+\.(?:cc|cpp|h|py):\d+:\s*")
+
+
+class GrammarError(ValueError):
+    """The structured output does not compile; the message says why, for the client."""
+
+
+def build_grammar(structured: StructuredOutput) -> Any:
+    """The ``xgrammar.Grammar``; GrammarError when it does not compile."""
+    import xgrammar
+
+    kind, spec = structured.kind, structured.spec
+    try:
+        if kind == "json":
+            return xgrammar.Grammar.from_json_schema(spec, any_whitespace=False)
+        if kind == "regex":
+            return xgrammar.Grammar.from_regex(spec)
+        if kind == "choice":
+            choices = json.loads(spec)
+            if not (
+                isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices)
+            ):
+                raise GrammarError("a choice is a non-empty list of strings")
+            return xgrammar.Grammar.from_ebnf("root ::= " + " | ".join(map(_ebnf_string, choices)))
+        return xgrammar.Grammar.from_ebnf(spec)
+    except GrammarError:
+        raise
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise GrammarError(f"the {kind} structured output: {_clean(exc)}") from exc
+
+
+@functools.lru_cache(maxsize=256)
+def grammar_problem(structured: StructuredOutput) -> str | None:
+    """Why ``structured`` does not compile (None: it does); the last 256 answers kept."""
+    try:
+        build_grammar(structured)
+    except GrammarError as exc:
+        return str(exc)
+    return None
+
+
+def _ebnf_string(text: str) -> str:
+    """``text`` as an EBNF string literal (JSON's escapes are xgrammar's)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _clean(exc: BaseException) -> str:
+    text = str(exc).strip()
+    message = text.splitlines()[0] if text else repr(exc)
+    return _SOURCE_PREFIX.sub("", message)[:300]
