@@ -206,7 +206,8 @@ def test_hermes_and_llama3_outputs_parse() -> None:
 
 
 def test_parallel_tool_calls_false_keeps_the_first_auto_call() -> None:
-    text = '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {}}</tool_call>'
+    call = '<tool_call>{{"name": "{}", "arguments": {{}}}}</tool_call>'
+    text = call.format("a") + call.format("b")
     one = ToolPlan("auto", render=True, parser="hermes", parallel=False)
     assert [c.name for c in split_output(one, text, "stop")[1]] == ["a"]
     stream = ToolStream(one)
