@@ -25,7 +25,7 @@ from gateway.auth_failures import auth_failures
 from gateway.errors import APIError
 from gateway.state import GatewayState
 from shared import streams
-from shared.knobs import knobs_to_mapping, read_knobs, write_knobs
+from shared.knobs import KnobError, knobs_to_mapping, read_knobs, write_knobs
 from shared.policy import kv_usage
 from shared.slo import read_slo_classes, write_slo_classes
 
@@ -56,10 +56,13 @@ async def get_knobs(request: Request) -> dict[str, Any]:
 async def put_knobs(request: Request, body: Annotated[Any, Body()]) -> dict[str, Any]:
     state = _state(request)
     changes = validated(KNOB_CHANGES, body, "knobs")
+    if not changes:  # nothing to change: no new version (dashboards annotate each one)
+        return await get_knobs(request)
     try:
         knobs, version = await write_knobs(state.redis, changes)
     except ValueError as exc:
-        raise APIError(422, str(exc), param="knobs", code="invalid_knob") from exc
+        param = exc.knob if isinstance(exc, KnobError) else "knobs"
+        raise APIError(422, str(exc), param=param, code="invalid_knob") from exc
     state.directory.knobs, state.directory.knobs_version = knobs, version
     return {"version": version, "knobs": knobs_to_mapping(knobs)}
 

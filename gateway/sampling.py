@@ -35,7 +35,8 @@ def generation_params(
         raise APIError(400, "the prompt is empty", param="prompt")
     max_model_len = state.directory.max_model_len()
     if max_model_len is None:
-        raise APIError(503, "no data-plane worker is available", code="no_worker")
+        retry = {"Retry-After": str(state.settings.retry_after_s)}
+        raise APIError(503, "no data-plane worker is available", code="no_worker", headers=retry)
     return GenerationParams(
         prompt_token_ids=prompt_ids,
         sampling=sampling_params(body, _max_tokens(max_tokens, len(prompt_ids), max_model_len),

@@ -112,9 +112,12 @@ class GatewayState:
         log.info("gateway_stopped", gateway_id=self.gateway_id)
 
     def readiness(self) -> tuple[list[str], list[str]]:
-        """(problems, warnings): ready means "can serve" (Redis reachable, a live worker), so
-        only problems fail it. A control plane not seen is a warning: the workers plan
-        locally meanwhile, and a gateway leaving its Service would stop traffic they serve."""
+        """(problems, warnings): ready means "can reach the system" (Redis reachable, a live
+        worker), so only problems fail it. A live worker that drains counts: while the only
+        worker rolls, requests get 503 ``no_worker`` with Retry-After from a ready gateway
+        rather than refused connections from none. A control plane not seen is a warning: the
+        workers plan locally meanwhile, and a gateway leaving its Service would stop traffic
+        they serve."""
         problems = []
         if not self.directory.redis_ok:
             problems.append("redis unreachable")

@@ -59,16 +59,25 @@ KNOB_RANGES: dict[str, tuple[float, float]] = {
 }
 
 
+class KnobError(ValueError):
+    """A knob's value (or name) that is not valid; ``knob`` is its name."""
+
+    def __init__(self, knob: str, message: str) -> None:
+        super().__init__(message)
+        self.knob = knob
+
+
 def knobs_from_mapping(raw: dict[str, Any], base: Knobs | None = None) -> Knobs:
-    """Build validated knobs from strings/values; raises ValueError naming the bad knob."""
+    """Build validated knobs from strings/values; raises KnobError naming the bad knob."""
     values = asdict(base or Knobs())
     names = {f.name for f in fields(Knobs)}
     for key, value in raw.items():
         if key not in names:
-            raise ValueError(f"unknown knob {key!r}")
+            raise KnobError(str(key), f"unknown knob {key!r}")
         values[key] = _parse(key, value)
     if values["policy"] not in POLICY_NAMES:
-        raise ValueError(f"knob 'policy': {values['policy']!r} is not one of {POLICY_NAMES}")
+        message = f"knob 'policy': {values['policy']!r} is not one of {POLICY_NAMES}"
+        raise KnobError("policy", message)
     return Knobs(**values)
 
 
@@ -80,14 +89,16 @@ def _parse(key: str, value: Any) -> Any:
             return _in_range(key, _number(value))
         if key in _BOOL_FIELDS:
             return _parse_bool(value)
-        if key == "b_xfer":
-            return None if value in (None, "auto", "") else _in_range(key, _whole(value))
-        if key == "demote_late_s":
-            return None if value in (None, "off", "") else _in_range(key, _number(value))
+        if key in _NONE_TEXT:  # "auto" / "off" in any case, as the services' settings take them
+            if value is None or (isinstance(value, str) and value.lower() in ("", _NONE_TEXT[key])):
+                return None
+            parse = _whole if key == "b_xfer" else _number
+            return _in_range(key, parse(value))
     except (TypeError, ValueError, OverflowError) as exc:
-        raise ValueError(f"knob {key!r}: {_shown(value)} is not a valid value ({exc})") from exc
+        message = f"knob {key!r}: {_shown(value)} is not a valid value ({exc})"
+        raise KnobError(key, message) from exc
     if not isinstance(value, str):
-        raise ValueError(f"knob {key!r}: {_shown(value)} is not a string")
+        raise KnobError(key, f"knob {key!r}: {_shown(value)} is not a string")
     return value
 
 

@@ -14,6 +14,18 @@ from redis.asyncio import Redis
 from shared.streams import SLO_CLASSES_KEY
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_VERSION_FIELD = "version"  # the hash's version counter, beside one field per class
+# Replace every class (ARGV: name, packed spec, ...) and bump the version, in one step: two
+# writers each get exactly their set, never a merge of both (a read of the fields to delete
+# outside the transaction let concurrent PUTs merge). A version field that is not a number
+# (written by hand) restarts from 1 rather than failing every later write.
+_REPLACE_CLASSES = """
+local version = tonumber(redis.call('HGET', KEYS[1], 'version')) or 0
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], unpack(ARGV))
+redis.call('HSET', KEYS[1], 'version', version + 1)
+return version + 1
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +37,8 @@ class SloClass:
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise ValueError(f"SLO class name {self.name!r}: use 1-64 of [A-Za-z0-9_.-]")
+        if self.name == _VERSION_FIELD:
+            raise ValueError(f"SLO class name {self.name!r} is reserved (the hash's version)")
         for field_name, value in (("ttft_s", self.ttft_s), ("tbt_s", self.tbt_s)):
             if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"SLO class {self.name!r}: {field_name} must be a number > 0")
@@ -56,7 +70,10 @@ def slo_classes_from_mapping(raw: dict[str, Any]) -> dict[str, SloClass]:
 async def read_slo_classes(redis: Redis) -> tuple[dict[str, SloClass], int]:
     """Current classes and version (the defaults, version 0, when none were written)."""
     raw = await redis.hgetall(SLO_CLASSES_KEY)
-    version = int(raw.pop(b"version", 0))
+    try:
+        version = int(raw.pop(b"version", 0))
+    except ValueError:
+        version = 0  # written by hand: the next write starts the count again
     if not raw:
         return dict(DEFAULT_SLO_CLASSES), version
     try:
@@ -74,14 +91,9 @@ async def write_slo_classes(redis: Redis, raw: dict[str, Any]) -> tuple[dict[str
         c.name: msgpack.packb({"ttft_s": float(c.ttft_s), "tbt_s": float(c.tbt_s)})
         for c in classes.values()
     }
-    stale = {_text(k) for k in await redis.hkeys(SLO_CLASSES_KEY)} - set(packed) - {"version"}
-    async with redis.pipeline(transaction=True) as pipe:
-        if stale:
-            pipe.hdel(SLO_CLASSES_KEY, *stale)
-        pipe.hset(SLO_CLASSES_KEY, mapping=packed)  # type: ignore[arg-type]
-        pipe.hincrby(SLO_CLASSES_KEY, "version", 1)
-        results = await pipe.execute()
-    return classes, int(results[-1])
+    args = [part for name, spec in packed.items() for part in (name, spec)]
+    version = await redis.eval(_REPLACE_CLASSES, 1, SLO_CLASSES_KEY, *args)
+    return classes, int(version)
 
 
 def _text(value: bytes | str) -> str:

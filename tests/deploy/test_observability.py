@@ -54,7 +54,7 @@ def test_prometheus_rule_off_by_default_and_complete_when_on() -> None:
     names = {r["alert"] for r in rules}
     assert names == {
         "SuperInferTTFTAttainmentLow", "SuperInferTBTAttainmentLow",
-        "SuperInferWorkerPlanningLocally", "SuperInferDramTierFull",
+        "SuperInferWorkersUnplanned", "SuperInferDramTierFull",
         "SuperInferControlPlaneDown", "SuperInferRedisUnreachable",
     }  # fmt: skip
     targets = {

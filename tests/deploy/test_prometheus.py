@@ -187,7 +187,11 @@ def test_rules_pass_promtool_load_and_fire(run: Run, tmp_path: Path) -> None:
         if a["state"] == "firing"
     }
     assert ("SuperInferTTFTAttainmentLow", "interactive") in firing, firing
-    for healthy in ("SuperInferControlPlaneDown", "SuperInferRedisUnreachable"):
+    for healthy in (
+        "SuperInferControlPlaneDown",
+        "SuperInferRedisUnreachable",
+        "SuperInferWorkersUnplanned",
+    ):
         assert (healthy, None) not in firing
 
 

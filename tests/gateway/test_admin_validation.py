@@ -195,3 +195,22 @@ async def test_a_key_is_deleted_by_its_whole_id_only(admin: httpx.AsyncClient) -
     assert await app_state.api_keys.lookup(created["api_key"]) is not None  # still there
     assert (await admin.delete(f"/admin/v1/api-keys/{key_id}")).status_code == 200
     assert (await admin.delete(f"/admin/v1/api-keys/{key_id}")).status_code == 404
+
+
+async def test_knob_refusals_name_the_knob_and_take_auto_in_any_case(
+    admin: httpx.AsyncClient,
+) -> None:
+    """A knob's 422 had param "knobs" whatever the knob; "AUTO" was a 422 where the services'
+    settings take it; an empty PUT made a new version."""
+    refused = await admin.put("/admin/v1/knobs", json={"alpha": -1})
+    assert refused.status_code == 422 and refused.json()["error"]["param"] == "alpha"
+    unknown = await admin.put("/admin/v1/knobs", json={"alpah": 1})
+    assert unknown.json()["error"]["param"] == "alpah"
+    taken = await admin.put("/admin/v1/knobs", json={"b_xfer": "AUTO", "demote_late_s": "Off"})
+    assert taken.status_code == 200, taken.text
+    knobs = taken.json()
+    assert knobs["knobs"]["b_xfer"] == "auto" and knobs["knobs"]["demote_late_s"] == "off"
+    same = await admin.put("/admin/v1/knobs", json={})
+    assert same.status_code == 200 and same.json()["version"] == knobs["version"]
+    reserved = await admin.put("/admin/v1/slo-classes", json={"version": {"ttft_s": 1, "tbt_s": 1}})
+    assert reserved.status_code == 422 and "reserved" in reserved.json()["error"]["message"]
