@@ -52,18 +52,28 @@ def _state(request: Request) -> GatewayState:
 async def list_models(request: Request) -> dict[str, Any]:
     state = _state(request)
     await authenticate(state, request)
+    return {"object": "list", "data": [_model_card(state)]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, request: Request) -> dict[str, Any]:
+    """OpenAI's ``client.models.retrieve``: the served model, 404 for any other."""
+    state = _state(request)
+    await authenticate(state, request)
+    if model_id != state.model_name:
+        name = model_id if len(model_id) <= 200 else f"{model_id[:200]}..."
+        raise APIError(404, f"the model {name!r} does not exist", "model", "model_not_found")
+    return _model_card(state)
+
+
+def _model_card(state: GatewayState) -> dict[str, Any]:
     return {
-        "object": "list",
-        "data": [
-            {
-                "id": state.model_name,
-                "object": "model",
-                "created": int(state.started_s),
-                "owned_by": "superinfer",
-                "root": state.model_name,
-                "max_model_len": state.directory.max_model_len(),
-            }
-        ],
+        "id": state.model_name,
+        "object": "model",
+        "created": int(state.started_s),
+        "owned_by": "superinfer",
+        "root": state.model_name,
+        "max_model_len": state.directory.max_model_len(),
     }
 
 

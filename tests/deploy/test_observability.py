@@ -80,10 +80,11 @@ def test_compose_observability_profile_provisions_prometheus_and_grafana() -> No
     )
     assert source["datasources"][0]["url"] == "http://prometheus:9090"
     scrape = yaml.safe_load((OBSERVABILITY / "prometheus.yml").read_text())
-    targets = [
-        t for job in scrape["scrape_configs"] for s in job["static_configs"] for t in s["targets"]
-    ]
-    assert "gateway:8000" in targets
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    assert jobs["superinfer-gateway"]["static_configs"] == [{"targets": ["gateway:8000"]}]
+    (found,) = jobs["superinfer-services"]["dns_sd_configs"]  # by name: absent ones add nothing
+    assert set(found["names"]) == {"control-plane", "data-plane", "data-plane-cpu"}
+    assert found["port"] == 9090
     assert any(
         v.startswith("./deploy/observability/prometheus.yml:")
         for v in services["prometheus"]["volumes"]

@@ -135,3 +135,11 @@ def test_an_assistant_message_sent_back_as_the_client_got_it_is_served(client: O
     assert (
         isinstance(refused.value.body, dict) and refused.value.body["param"] == "messages.1.audio"
     )
+
+
+def test_a_model_is_retrieved_by_its_id(client: OpenAI) -> None:
+    """``client.models.retrieve`` (GET /v1/models/{id}) was a 404 for the served model too."""
+    model = client.models.retrieve(MODEL)
+    assert model.id == MODEL and model.object == "model"
+    with pytest.raises(NotFoundError):
+        client.models.retrieve("org/other-model")
