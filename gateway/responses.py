@@ -18,6 +18,16 @@ from gateway.tools import ToolCall
 
 _ROLES = ("user", "assistant", "system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
+# The fields each input item and content part may carry: what the model sees, and the output's
+# own ids, status and phase when a client replays a response's items (Agents SDK). Any other
+# field is a 400 naming it, never dropped; a null one is absent (the openai types dump every
+# optional field).
+_ITEM_FIELDS = {
+    "message": {"type", "role", "content", "id", "status", "phase"},
+    "function_call": {"type", "call_id", "name", "arguments", "id", "status"},
+    "function_call_output": {"type", "call_id", "output", "id", "status"},
+}
+_PART_FIELDS = {"type", "text", "refusal", "annotations", "logprobs"}
 
 
 def chat_request(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatCompletionRequest:
@@ -74,6 +84,7 @@ def chat_messages(items: list[Any], param: str) -> list[dict[str, Any]]:
         if not isinstance(item, dict):
             raise APIError(400, "an input item is an object", param=where)
         kind = item.get("type", "message")
+        _only(item, _ITEM_FIELDS.get(kind), where)
         if kind == "message":
             messages.append(_message(item, where))
         elif kind == "function_call":
@@ -99,6 +110,13 @@ def chat_messages(items: list[Any], param: str) -> list[dict[str, Any]]:
     return messages
 
 
+def _only(entry: dict[str, Any], allowed: set[str] | None, where: str) -> None:
+    given = {key for key, value in entry.items() if value is not None}
+    extra = sorted(given - allowed) if allowed is not None else []
+    if extra:
+        raise APIError(400, f"{extra[0][:64]!r} is not a field of this item", f"{where}.{extra[0]}")
+
+
 def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
     role, content = item.get("role"), item.get("content")
     if role not in _ROLES:
@@ -122,6 +140,7 @@ def _text(parts: list[Any], where: str) -> str:
                 f"content parts of type {str(kind)[:64]!r} are not served (text only)",
                 param=f"{where}.{index}.type",
             )
+        _only(part, _PART_FIELDS, f"{where}.{index}")
         texts.append(text)
     return "".join(texts)
 

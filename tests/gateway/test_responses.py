@@ -155,6 +155,22 @@ def test_logprobs_are_the_chats(client: OpenAI) -> None:
     assert [len(p.top_logprobs) for p in ours] == [2] * 4
 
 
+def test_replayed_output_items_are_taken_as_the_sdk_sends_them(client: OpenAI) -> None:
+    """The Agents SDK replays a response's output items as input (ids, status, annotations,
+    logprobs): served as the conversation they hold."""
+    first = client.responses.create(model=MODEL, input="Lily", temperature=0, max_output_tokens=4)
+    replayed = [{"role": "user", "content": "Lily"}, *[o.model_dump() for o in first.output],
+                {"role": "user", "content": "Then"}]  # fmt: skip
+    chained = client.responses.create(
+        model=MODEL, input="Then", previous_response_id=first.id, temperature=0,
+        max_output_tokens=4,
+    )  # fmt: skip
+    sent = client.responses.create(model=MODEL, input=replayed, temperature=0, max_output_tokens=4)
+    assert sent.output_text == chained.output_text
+    assert sent.usage is not None and chained.usage is not None
+    assert sent.usage.input_tokens == chained.usage.input_tokens
+
+
 def test_stored_responses_are_the_callers_and_expire(served: Served, client: OpenAI) -> None:
     admin = httpx.Client(base_url=served.url, headers=served.admin_headers, timeout=30)
     created = admin.post("/admin/v1/api-keys", json={"tenant": "resp"}).json()
@@ -193,6 +209,9 @@ def test_stored_responses_are_the_callers_and_expire(served: Served, client: Ope
         ({"input": [{"type": "reasoning", "summary": []}]}, "input.0.type"),
         ({"stream_options": {"include_obfuscation": False}}, "stream_options"),
         ({"max_output_token": 5}, "max_output_token"),
+        ({"input": [{"role": "user", "content": "x", "name": "bob"}]}, "input.0.name"),
+        ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "x",
+                                                   "cache": 1}]}]}, "input.0.content.0.cache"),
     ],
 )  # fmt: skip
 def test_what_is_not_served_is_a_400_naming_it(
