@@ -91,8 +91,10 @@ class SamplingFields(BaseModel):
     guided_choice: Any = None
     guided_grammar: Any = None
     prompt_logprobs: NumLogprobs | None = None  # vLLM's: the prompt tokens' log-probabilities
+    # OpenAI's: requests with the same key go to the same worker (its prefix cache)
+    prompt_cache_key: Annotated[str, Field(max_length=1024)] | None = None
 
-    _sampling_text = field_validator("model", "stop", "user")(valid_unicode)
+    _sampling_text = field_validator("model", "stop", "user", "prompt_cache_key")(valid_unicode)
 
     @field_validator("stream", mode="before")
     @classmethod

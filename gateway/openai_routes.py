@@ -87,7 +87,7 @@ async def chat_completions(
     tools = template_tools(body) if plan.render else None
     prompts = chat_prompt(state, body, tools)
     choices = await admit_and_start(
-        state, request, body, prompts, max_tokens, "chatcmpl", plan.structured
+        state, request, body, prompts, max_tokens, "chatcmpl-", plan.structured
     )
     request_id, decode = _response_id(choices), state.prompts.token_text
     head = {"id": request_id, "created": int(time.time()), "model": state.model_name}
@@ -124,7 +124,7 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
     if max_tokens == 0 and not body.echo:
         raise APIError(400, "max_tokens 0 needs echo: true", param="max_tokens")
     prompts = state.prompts.completion(body.prompt)
-    choices = await admit_and_start(state, request, body, prompts, max(1, max_tokens), "cmpl")
+    choices = await admit_and_start(state, request, body, prompts, max(1, max_tokens), "cmpl-")
     request_id, decode = _response_id(choices), state.prompts.token_text
     if body.echo:
         with _owned(state, choices):
@@ -193,10 +193,13 @@ async def admit_and_start(
     max_tokens: int | None,
     id_prefix: str,
     tool_structured: StructuredOutput | None = None,
+    prefer_worker: str | None = None,
 ) -> list[Choice]:
     """Everything before the first token, in order: fields we do not serve, the caller (its
-    key before anything costly), the prompts, the parameters, routing and submit. A refusal on
-    the way is counted (``superinfer:requests_rejected`` by status) and answered."""
+    key before anything costly), the prompts, the parameters, routing (to ``prefer_worker``
+    where it can take the request, else by ``prompt_cache_key``'s worker, else the least
+    lagging) and submit. A refusal on the way is counted (``superinfer:requests_rejected`` by
+    status) and answered."""
     try:
         try:
             reject_unsupported(body)
@@ -220,8 +223,10 @@ async def admit_and_start(
         ]
         structured = params[0].sampling.structured
         await refuse_uncompilable(state, body, structured, tool_structured is not None)
-        request_id = f"{id_prefix}-{uuid.uuid4().hex}"
-        return await _start_choices(state, request, request_id, params, n)
+        request_id = f"{id_prefix}{uuid.uuid4().hex}"
+        if prefer_worker is None and body.prompt_cache_key is not None:
+            prefer_worker = state.directory.worker_for_key(body.prompt_cache_key)
+        return await _start_choices(state, request, request_id, params, n, prefer_worker)
     except APIError as exc:
         state.metrics.rejected.labels(str(exc.status_code)).inc()
         raise
@@ -233,6 +238,7 @@ async def _start_choices(
     request_id: str,
     params: list[GenerationParams],
     n: int,
+    prefer_worker: str | None = None,
 ) -> list[Choice]:
     """One generation per prompt and sample. With ``n`` > 1, a prompt's first sample runs
     alone until its first output, then its siblings go to the same worker, whose prefix cache
@@ -243,7 +249,8 @@ async def _start_choices(
     num_choices = len(params) * n
     with _owned(state, choices):  # each choice owned from its submit on
         for i, p in enumerate(params):
-            first = await _start(state, _choice_id(request_id, i * n, num_choices), p)
+            choice_id = _choice_id(request_id, i * n, num_choices)
+            first = await _start(state, choice_id, p, prefer_worker)
             choices.append(Choice(i * n, first))
         if n == 1:
             return choices

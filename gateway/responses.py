@@ -6,6 +6,7 @@ then one ``function_call`` item per tool call."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
@@ -28,6 +29,12 @@ _ITEM_FIELDS = {
     "function_call_output": {"type", "call_id", "output", "id", "status"},
 }
 _PART_FIELDS = {"type", "text", "refusal", "annotations", "logprobs"}
+_TOOL_FIELDS: dict[str, Any] = {  # a function tool's fields and their types (None: absent)
+    "name": str,
+    "description": str | None,
+    "parameters": dict | None,
+    "strict": bool | None,
+}
 
 
 def chat_request(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatCompletionRequest:
@@ -57,6 +64,7 @@ def chat_request(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatC
         "parallel_tool_calls": body.parallel_tool_calls,
         "response_format": _response_format(body.text),
         "user": body.safety_identifier or body.user,
+        "prompt_cache_key": body.prompt_cache_key,
         "top_k": body.top_k,
         "min_p": body.min_p,
         "repetition_penalty": body.repetition_penalty,
@@ -161,17 +169,31 @@ def _chat_tool(tool: Any, index: int) -> dict[str, Any]:
             param=f"tools.{index}.type",
         )
     function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
-    unknown = set(tool) - {"type", *function}
+    unknown = sorted(set(tool) - {"type", *function})
     if unknown:
-        raise APIError(400, f"unknown tool fields {sorted(unknown)}", param=f"tools.{index}")
+        message = f"{unknown[0][:64]!r} is not a field of a function tool"
+        raise APIError(400, message, param=f"tools.{index}.{unknown[0][:64]}")
+    for name, kinds in _TOOL_FIELDS.items():
+        value = function.get(name)
+        if not isinstance(value, kinds) or (name == "name" and not value):
+            raise APIError(
+                400,
+                "a function tool is {type: function, name, description?, parameters?, strict?}",
+                param=f"tools.{index}.{name}",
+            )
     return {"type": "function", "function": function}
 
 
 def _chat_tool_choice(choice: Any) -> Any:
     if choice is None or choice in ("none", "auto", "required"):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
+    if (
+        isinstance(choice, dict)
+        and choice.get("type") == "function"
+        and isinstance(choice.get("name"), str)
+        and set(choice) == {"type", "name"}
+    ):
+        return {"type": "function", "function": {"name": choice["name"]}}
     raise APIError(
         400,
         'tool_choice is "none", "auto", "required" or {type: function, name}',
@@ -191,7 +213,14 @@ def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     if kind == "json_object":
         return {"type": "json_object"}
-    if kind == "json_schema" and isinstance(fmt, dict) and isinstance(fmt.get("schema"), dict):
+    if (
+        kind == "json_schema"
+        and isinstance(fmt, dict)
+        and isinstance(fmt.get("schema"), dict)
+        and isinstance(fmt.get("name"), str)
+        and fmt["name"]
+        and isinstance(fmt.get("strict"), bool | None)
+    ):
         spec = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
         return {"type": "json_schema", "json_schema": spec}
     raise APIError(
@@ -255,7 +284,7 @@ def response_head(body: ResponsesRequest, response_id: str, created_s: int) -> d
         "previous_response_id": body.previous_response_id,
         "temperature": 1.0 if body.temperature is None else body.temperature,
         "text": {"format": (body.text or {}).get("format") or {"type": "text"}},
-        "tool_choice": body.tool_choice or ("auto" if body.tools else "none"),
+        "tool_choice": body.tool_choice or "auto",
         "tools": body.tools or [],
         "top_logprobs": body.top_logprobs,
         "top_p": 1.0 if body.top_p is None else body.top_p,
@@ -288,3 +317,27 @@ def stored_items(body: ResponsesRequest) -> list[Any]:
 
 def event_bytes(event: dict[str, Any]) -> bytes:
     return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+
+
+# chat fields -> the Responses fields they came from, for errors raised on the chat path
+_FIELDS = {
+    "max_tokens": "max_output_tokens",
+    "max_completion_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "messages": "input",
+    "logprobs": "include",
+}
+_FIELD_WORDS = re.compile(r"\b(max_tokens|max_completion_tokens|response_format)\b")
+
+
+def as_responses_error(exc: APIError) -> APIError:
+    """``exc`` from the chat path, naming the Responses request's fields (``max_output_tokens``,
+    not ``max_tokens``)."""
+    if exc.param:
+        head, _, rest = exc.param.partition(".")
+        if head in _FIELDS:
+            exc.param = _FIELDS[head]
+        elif head == "tools" and ".function" in rest:
+            exc.param = f"tools.{rest.partition('.')[0]}"
+    exc.message = _FIELD_WORDS.sub(lambda m: _FIELDS[m.group(1)], exc.message)
+    return exc

@@ -49,6 +49,8 @@ class ResponsesRequest(BaseModel):
     metadata: Annotated[dict[str, str], Field(max_length=MAX_METADATA_KEYS)] | None = None
     user: str | None = None
     safety_identifier: str | None = None
+    # requests with the same key go to the same worker (where its prefix cache is)
+    prompt_cache_key: Annotated[str, Field(max_length=1024)] | None = None
     # vLLM's extra sampling fields, applied as in chat completions
     top_k: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
@@ -60,7 +62,6 @@ class ResponsesRequest(BaseModel):
     conversation: Any = None
     max_tool_calls: Any = None
     prompt: Any = None
-    prompt_cache_key: Any = None
     reasoning: Any = None
     service_tier: Any = None
     truncation: Any = None
@@ -84,7 +85,6 @@ UNSUPPORTED_RESPONSE_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "conversation": ((), "conversations are not stored; use previous_response_id"),
     "max_tool_calls": ((), "the number of tool calls is not capped"),
     "prompt": ((), "no stored prompt templates"),
-    "prompt_cache_key": ((), "the prefix cache needs no key: it matches prompts by content"),
     "reasoning": (({},), "this server runs no reasoning models' effort control"),
     "service_tier": (("auto", "default"), "one tier; SLO classes are x-slo-class"),
     "truncation": (("disabled",), "an input over the context is a 400, never truncated"),

@@ -9,6 +9,7 @@ after the first event is an ``error`` event."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,7 +22,9 @@ from gateway.errors import APIError
 from gateway.generation import KEEPALIVE
 from gateway.logprobs_format import chat_content
 from gateway.openai_routes import admit_and_start, chat_prompt, tool_plan
+from gateway.response_store import Conversation
 from gateway.responses import (
+    as_responses_error,
     call_item,
     chat_request,
     event_bytes,
@@ -48,26 +51,35 @@ def _state(request: Request) -> GatewayState:
 async def create_response(body: ResponsesRequest, request: Request) -> JSONResponse | SseResponse:
     state = _state(request)
     try:
+        return await _create(state, body, request)
+    except APIError as exc:
+        raise as_responses_error(exc) from None
+
+
+async def _create(
+    state: GatewayState, body: ResponsesRequest, request: Request
+) -> JSONResponse | SseResponse:
+    try:
         reject_unsupported_response_fields(body)
         caller = await authenticate(state, request)
         store = _stores(state, body)
-        history: list[Any] = []
+        conversation = Conversation([], [], None)
         if body.previous_response_id is not None:
-            history = await state.responses.history(body.previous_response_id, caller.key_id)
-        chat = chat_request(body, history)
+            conversation = await state.responses.history(body.previous_response_id, caller.key_id)
+        chat = chat_request(body, conversation.items)
     except APIError as exc:
         state.metrics.rejected.labels(str(exc.status_code)).inc()
         raise
     plan = tool_plan(state, chat)
     tools = template_tools(chat) if plan.render else None
     prompts = chat_prompt(state, chat, tools)
-    max_tokens = chat.max_completion_tokens
     (choice,) = await admit_and_start(
-        state, request, chat, prompts, max_tokens, "resp", plan.structured
-    )
+        state, request, chat, prompts, chat.max_completion_tokens, "resp_", plan.structured,
+        prefer_worker=conversation.worker_id,
+    )  # fmt: skip
     head = response_head(body, choice.generation.request_id, int(time.time()))
     head |= {"model": state.model_name, "store": store}
-    saver = _Saver(state, body, caller, store)
+    saver = _Saver(state, body, caller, choice, conversation.response_ids if store else None)
     if body.stream:
         return _streamed(state, choice, plan, head, saver, bool(chat.logprobs))
     await collect([choice], request)
@@ -112,14 +124,26 @@ def _stores(state: GatewayState, body: ResponsesRequest) -> bool:
 
 
 class _Saver:
+    """Stores the response once it ended, with the chain it continues (None: not stored)."""
+
     def __init__(
-        self, state: GatewayState, body: ResponsesRequest, caller: Caller, store: bool
+        self,
+        state: GatewayState,
+        body: ResponsesRequest,
+        caller: Caller,
+        choice: Choice,
+        chain_ids: list[str] | None,
     ) -> None:
-        self.state, self.body, self.caller, self.store = state, body, caller, store
+        self.state, self.body, self.caller = state, body, caller
+        self.choice, self.chain_ids = choice, chain_ids
 
     async def save(self, response: dict[str, Any]) -> None:
-        if self.store:
-            await self.state.responses.save(response, stored_items(self.body), self.caller.key_id)
+        if self.chain_ids is None:
+            return
+        worker_id = self.choice.generation.record.route.worker_id
+        await self.state.responses.save(
+            response, stored_items(self.body), self.caller.key_id, worker_id, self.chain_ids
+        )
 
 
 class _Events:
@@ -174,13 +198,20 @@ def _streamed(
                     done = "response.incomplete" if reason == "length" else "response.completed"
                     yield emit(done, response=response)
         except APIError as exc:
+            exc.request_id = head["id"]
             error = exc.body()["error"]
             yield emit("error", code=error["code"], message=error["message"], param=error["param"])
+            failed = {**head, "status": "failed", "output": stream.output, "usage": None}
+            failed["error"] = {"code": error["code"] or "server_error", "message": error["message"]}
+            with contextlib.suppress(APIError):  # Redis away too: the error event said it all
+                await saver.save(failed)
+            yield emit("response.failed", response=failed)
 
     def close() -> None:
         service.finish(choice.generation)
 
-    return SseResponse(events(), {"x-request-id": head["id"], "cache-control": "no-cache"}, close)
+    headers = {"x-request-id": head["id"], "cache-control": "no-cache"}
+    return SseResponse(events(), headers, close, done=None)  # OpenAI's Responses end unmarked
 
 
 class _MessageStream:
@@ -232,7 +263,8 @@ class _MessageStream:
             item = message_item(self.text_so_far, logprobs, status)
             item["id"] = self.message["id"]
             text, part = self.text_so_far, item["content"][0]
-            events.append(self.emit("response.output_text.done", **self._where(), text=text))
+            done = {"text": text, "logprobs": self.logprobs if self.with_logprobs else []}
+            events.append(self.emit("response.output_text.done", **self._where(), **done))
             events.append(self.emit("response.content_part.done", **self._where(), part=part))
             events.append(self.emit("response.output_item.done", output_index=0, item=item))
             self.output.append(item)

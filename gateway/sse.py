@@ -56,10 +56,10 @@ class ChunkFormat:
 
 
 class SseResponse(Response):
-    """``events`` as a text/event-stream response, then ``data: [DONE]`` in the same write as
-    the end of the body; ``on_close`` runs when it ends for any reason, also when the client
-    left before the first byte (the event generator then never started, so its own cleanup
-    never ran)."""
+    """``events`` as a text/event-stream response, then ``done`` (``data: [DONE]``; None:
+    nothing) in the same write as the end of the body; ``on_close`` runs when it ends for any
+    reason, also when the client left before the first byte (the event generator then never
+    started, so its own cleanup never ran)."""
 
     media_type = "text/event-stream"
 
@@ -68,8 +68,10 @@ class SseResponse(Response):
         events: AsyncIterator[bytes],
         headers: Mapping[str, str],
         on_close: Callable[[], None],
+        done: bytes | None = DONE,
     ) -> None:
         self.status_code = 200
+        self._done = done or b""
         self.background = None
         self.init_headers(headers)
         self._events = events
@@ -86,7 +88,7 @@ class SseResponse(Response):
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             async for event in self._events:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
-            await send({"type": "http.response.body", "body": DONE, "more_body": False})
+            await send({"type": "http.response.body", "body": self._done, "more_body": False})
         except asyncio.CancelledError:
             if not self._disconnected or task.uncancel() > 0:
                 raise  # cancelled from outside (shutdown), not by our own watcher

@@ -24,7 +24,7 @@ from gateway.errors import APIError
 from gateway.settings import GatewaySettings
 from shared import streams
 from shared.knobs import read_knobs
-from shared.policy import Knobs, kv_usage, predicted_lag_s
+from shared.policy import Knobs, kv_usage, predicted_lag_s, worker_for_key
 from shared.protocol import ProtocolError, WorkerStatus, decode
 from shared.slo import DEFAULT_SLO_CLASSES, SloClass, read_slo_classes
 
@@ -156,6 +156,11 @@ class WorkerDirectory:
     def routable(self) -> list[WorkerStatus]:
         """Live workers that take new requests (not draining)."""
         return [s for s in self.alive() if s.accepting]
+
+    def worker_for_key(self, key: str) -> str | None:
+        """The routable worker ``prompt_cache_key`` ``key`` prefers (its prefix cache holds what
+        the key's earlier requests left), the same in every gateway."""
+        return worker_for_key(key, [s.worker_id for s in self.routable()])
 
     def max_model_len(self) -> int | None:
         lens = [s.max_model_len for s in self.alive()]

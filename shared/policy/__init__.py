@@ -28,7 +28,7 @@ from shared.policy.registry import (
     nothing_to_decide,
     plan_handles,
 )
-from shared.policy.routing import kv_usage, predicted_lag_s
+from shared.policy.routing import kv_usage, predicted_lag_s, worker_for_key
 from shared.policy.types import (
     PAPER_LVF,
     Knobs,
@@ -60,4 +60,5 @@ __all__ = [
     "plan_handles",
     "predicted_lag_s",
     "vlt_array",
+    "worker_for_key",
 ]

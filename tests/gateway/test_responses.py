@@ -7,6 +7,8 @@ every field not served is a 400 naming it."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,7 +18,8 @@ import redis
 from openai import BadRequestError, NotFoundError, OpenAI
 
 from shared import streams
-from tests.served import Served
+from shared.policy import worker_for_key
+from tests.served import Served, gateway
 
 MODEL = "stories260K"
 WEATHER = {
@@ -203,6 +206,13 @@ def test_stored_responses_are_the_callers_and_expire(served: Served, client: Ope
         ({"include": ["file_search_call.results"]}, "include.0"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
+        ({"tools": [{"type": "function", "name": "f", "parameters": "x"}]}, "tools.0.parameters"),
+        ({"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function"}},
+         "tool_choice"),
+        ({"text": {"format": {"type": "json_schema", "schema": {"type": "objectx"},
+                              "name": "x"}}}, "text.format"),
+        ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format"),
+        ({"max_output_tokens": 100_000}, "max_output_tokens"),
         ({"text": {"format": {"type": "json_schema"}}}, "text.format"),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
          "input.0.content.0.type"),
@@ -222,3 +232,78 @@ def test_what_is_not_served_is_a_400_naming_it(
         client.post("/responses", body=body, cast_to=httpx.Response)
     error = refused.value.body
     assert isinstance(error, dict) and error.get("param") == param, error
+
+
+def test_a_conversation_lives_as_long_as_its_newest_turn(served: Served, client: OpenAI) -> None:
+    """Each response kept its own TTL: a conversation used a minute ago broke once its first
+    turn (an hour old) expired. A continuation now renews its whole chain."""
+    store = redis.Redis.from_url(served.redis_url)
+    first = client.responses.create(model=MODEL, input="Lily", max_output_tokens=2)
+    assert first.id.startswith("resp_")
+    store.pexpire(streams.response_key(first.id), 5_000)  # about to expire
+    second = client.responses.create(
+        model=MODEL, input="Then", previous_response_id=first.id, max_output_tokens=2
+    )
+    assert store.pttl(streams.response_key(first.id)) > 3_000_000  # renewed with the chain
+    record = json.loads(store.get(streams.response_key(second.id)) or b"{}")
+    assert record["worker"] and record["previous"] == first.id  # the next turn's worker
+    client.responses.delete(first.id)
+    with pytest.raises(NotFoundError) as missing:
+        client.responses.create(
+            model=MODEL, input="x", previous_response_id=second.id, max_output_tokens=2
+        )
+    assert "an earlier turn" in str(missing.value)
+
+
+def test_the_stream_ends_as_openais_and_done_carries_the_logprobs(served: Served) -> None:
+    body = {
+        "model": MODEL, "input": "Lily", "max_output_tokens": 3, "stream": True,
+        "include": ["message.output_text.logprobs"], "temperature": 0,
+    }  # fmt: skip
+    with httpx.stream("POST", f"{served.url}/v1/responses", json=body, timeout=60) as response:
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert "[DONE]" not in lines[-1]  # OpenAI's Responses streams end with their last event
+    events = [json.loads(line.removeprefix("data: ")) for line in lines]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    deltas = [p for e in events if e["type"] == "response.output_text.delta" for p in e["logprobs"]]
+    assert done["logprobs"] == deltas and len(deltas) == 3
+
+
+@pytest.fixture(scope="module")
+def impatient_gateway(served: Served, stories_path: Path) -> Iterator[str]:
+    """A gateway whose tokens time out at once: every stream fails after it started."""
+    env = {"SUPERINFER_FIRST_TOKEN_TIMEOUT_S": "0.001", "SUPERINFER_TOKEN_TIMEOUT_S": "0.001"}
+    with gateway(served.redis_url, str(stories_path), env) as url:
+        yield url
+
+
+def test_a_stream_that_fails_ends_with_response_failed(impatient_gateway: str) -> None:
+    """It ended with a bare error event: the client's responses.stream() raised "Didn't
+    receive a response.completed event", and nothing was stored."""
+    client = OpenAI(base_url=f"{impatient_gateway}/v1", api_key="unused", max_retries=0)
+    events = list(
+        client.responses.create(model=MODEL, input="Lily", max_output_tokens=400, stream=True)
+    )
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-2:] == ["error", "response.failed"]
+    failed = events[-1].response  # type: ignore[union-attr]
+    assert failed.status == "failed" and failed.error is not None
+    assert failed.id in events[-2].message  # type: ignore[union-attr]
+    assert client.responses.retrieve(failed.id).status == "failed"
+
+
+def test_prompt_cache_key_picks_one_worker_in_every_gateway(client: OpenAI) -> None:
+    workers = [f"w{i}" for i in range(8)]
+    keys = [f"user-{i}" for i in range(400)]
+    picked = {key: worker_for_key(key, workers) for key in keys}
+    assert picked == {key: worker_for_key(key, list(reversed(workers))) for key in keys}
+    assert len(set(picked.values())) == 8  # spread over every worker
+    without_w3 = {key: worker_for_key(key, [w for w in workers if w != "w3"]) for key in keys}
+    moved = [key for key in keys if without_w3[key] != picked[key]]
+    assert moved and all(picked[key] == "w3" for key in moved)  # only w3's keys move
+    assert worker_for_key("k", []) is None
+    client.responses.create(model=MODEL, input="Lily", max_output_tokens=2, prompt_cache_key="u")
+    client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Lily"}], max_tokens=2,
+        prompt_cache_key="u",
+    )  # fmt: skip
