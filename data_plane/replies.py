@@ -85,6 +85,7 @@ class Replies:
                 error_kind=None if error is None else "engine",  # only a failed step errs
                 logprobs=out.logprobs,
                 prompt_logprobs=out.prompt_logprobs,
+                num_cached_tokens=out.num_cached_tokens if sent == 0 else 0,
             )
             batches.setdefault(stream, []).append(msg)
             if out.finished:

@@ -75,17 +75,23 @@ class Choice:
         return {"content": content}
 
 
-def usage(choices: list[Choice]) -> dict[str, int]:
-    """Each distinct prompt once (``n`` choices share theirs), every choice's completion."""
-    prompts: dict[int, int] = {}
+def usage(choices: list[Choice]) -> dict[str, Any]:
+    """Each distinct prompt once (``n`` choices share theirs; its cached tokens are its first
+    choice's, the one that found what the others then share), every choice's completion;
+    ``prompt_tokens_details.cached_tokens``: prompt tokens the worker's prefix cache served."""
+    prompts: dict[int, tuple[int, int]] = {}
     for choice in choices:
-        prompts[id(choice.generation.params.prompt_token_ids)] = choice.generation.num_prompt_tokens
-    prompt = sum(prompts.values())
+        generation = choice.generation
+        key = id(generation.params.prompt_token_ids)
+        if key not in prompts:
+            prompts[key] = (generation.num_prompt_tokens, generation.num_cached_tokens)
+    prompt = sum(n for n, _ in prompts.values())
     completion = sum(0 if c.echo_only else c.generation.num_completion_tokens for c in choices)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(c for _, c in prompts.values())},
     }
 
 

@@ -93,6 +93,7 @@ class Generation:
         self.request_id = record.request_id
         self.num_prompt_tokens = len(params.prompt_token_ids)
         self.num_completion_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens the worker's prefix cache served
         self.finish_reason: str | None = None
         # vLLM's stop_reason: the stop string or stop token id that ended it (None: EOS,
         # a length, or not ended yet)
@@ -205,6 +206,8 @@ class Generation:
             self.record.started()
         if msg.prompt_logprobs is not None:
             self.prompt_logprobs = msg.prompt_logprobs
+        if msg.num_cached_tokens:
+            self.num_cached_tokens = msg.num_cached_tokens
         self._timeline.on_tokens(len(msg.token_ids), now)
         self.num_completion_tokens += len(msg.token_ids)
         reason = msg.finish_reason

@@ -257,10 +257,10 @@ def call_item(call: ToolCall, status: str = "completed") -> dict[str, Any]:
     }
 
 
-def response_usage(usage: dict[str, int]) -> dict[str, Any]:
+def response_usage(usage: dict[str, Any]) -> dict[str, Any]:
     return {
         "input_tokens": usage["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": usage["prompt_tokens_details"],
         "output_tokens": usage["completion_tokens"],
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage["total_tokens"],
@@ -295,7 +295,7 @@ def response_head(body: ResponsesRequest, response_id: str, created_s: int) -> d
 
 
 def finished(
-    head: dict[str, Any], output: list[dict[str, Any]], reason: str | None, usage: dict[str, int]
+    head: dict[str, Any], output: list[dict[str, Any]], reason: str | None, usage: dict[str, Any]
 ) -> dict[str, Any]:
     """The response object once generation ended (``incomplete`` when cut by
     ``max_output_tokens``)."""

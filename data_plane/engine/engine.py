@@ -331,6 +331,7 @@ class Engine:
         prefix found in DRAM is copied in first). Returns whether it is loading."""
         taken = self.kv.take_prefix(request.request_id, request.all_token_ids, request.block_keys)
         request.num_computed_tokens = taken.num_blocks * self.kv.block_size
+        request.num_cached_tokens = request.num_computed_tokens
         return taken.num_loading > 0
 
     def _unadmit(self, request: Request, now: float) -> None:
@@ -421,6 +422,7 @@ class Engine:
                     num_rotations=request.num_rotations,
                     logprobs=sampled.logprobs.get(request.request_id),
                     prompt_logprobs=request.take_prompt_logprobs(),
+                    num_cached_tokens=request.num_cached_tokens,
                 )
             )
         return outputs

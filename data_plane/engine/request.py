@@ -84,6 +84,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # of the prompt, found in the prefix cache at its admission
     t_run_s: float | None = None
     t_last_s: float | None = None
     t_first_token_s: float | None = None
@@ -176,6 +177,7 @@ class RequestOutput:
     num_rotations: int = 0
     logprobs: TokenLogprobs | None = None  # of new_token_ids, when asked for
     prompt_logprobs: TokenLogprobs | None = None  # with the first token, when asked for
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache served (Request's)
 
     @property
     def finished(self) -> bool:

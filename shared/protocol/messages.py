@@ -340,6 +340,7 @@ class TokenOutput:
     logprobs: TokenLogprobs | None = None
     prompt_logprobs: TokenLogprobs | None = None
     error_param: str | None = None  # with an error: the request field at fault, if one is
+    num_cached_tokens: int = 0  # on the first token's message: prompt tokens the cache served
 
     def __post_init__(self) -> None:
         if self.error_param is not None and self.error is None:

@@ -143,3 +143,17 @@ def test_a_model_is_retrieved_by_its_id(client: OpenAI) -> None:
     assert model.id == MODEL and model.object == "model"
     with pytest.raises(NotFoundError):
         client.models.retrieve("org/other-model")
+
+
+def test_usage_counts_the_prompt_tokens_the_prefix_cache_served(client: OpenAI) -> None:
+    """``prompt_tokens_details.cached_tokens`` (OpenAI's; the Responses API's
+    ``input_tokens_details``): the served system's blocks are 4 tokens, so a repeated prompt
+    finds every full block of it but the one holding its last token."""
+    prompt = [int(t) for t in range(5, 5 + 37)]  # token ids: no tokenizer in the count
+    first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0)
+    again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0)
+    assert first.usage is not None and again.usage is not None
+    assert first.usage.prompt_tokens_details is not None
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details is not None
+    assert again.usage.prompt_tokens_details.cached_tokens == (37 - 1) // 4 * 4

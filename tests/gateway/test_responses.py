@@ -245,6 +245,9 @@ def test_a_conversation_lives_as_long_as_its_newest_turn(served: Served, client:
         model=MODEL, input="Then", previous_response_id=first.id, max_output_tokens=2
     )
     assert store.pttl(streams.response_key(first.id)) > 3_000_000  # renewed with the chain
+    assert second.usage is not None and first.usage is not None
+    assert first.usage.input_tokens_details.cached_tokens < first.usage.input_tokens
+    assert second.usage.input_tokens_details.cached_tokens > 0  # the first turn's prompt
     record = json.loads(store.get(streams.response_key(second.id)) or b"{}")
     assert record["worker"] and record["previous"] == first.id  # the next turn's worker
     client.responses.delete(first.id)

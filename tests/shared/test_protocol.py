@@ -95,7 +95,7 @@ def test_token_errors_carry_a_known_kind() -> None:
     good = TokenOutput("r", 0, [], "error", "boom", error_kind="engine")
     wire = msgpack.unpackb(encode(good), raw=False)
     for kind in ("oops", None):  # an unknown kind, or an error without its kind
-        wire["d"][-4] = kind  # error_kind, before logprobs, prompt_logprobs and error_param
+        wire["d"][-5] = kind  # error_kind, then logprobs, prompt_logprobs, error_param, cached
         with pytest.raises(ProtocolError, match="error_kind"):
             decode(msgpack.packb(wire, use_bin_type=True), TokenOutput)
     with pytest.raises(ValueError, match="come together"):
