@@ -67,10 +67,10 @@ def system(args: argparse.Namespace, workdir: Path) -> Iterator[str]:
            "SUPERINFER_ADMIN_TOKEN": "affinity-bench-admin"}  # fmt: skip
     cli = [sys.executable, "-m", "superinfer"]
     model = ["--model", args.model, "--tokenizer", args.tokenizer]
+    one_thread = ["--threads", "1"]
     workers = [
-        [*cli, "data-plane", "--worker-id", f"w{i}", *model, "--threads", "1"]
-        + ["--health-port", str(args.port + 3 + i)]
-        for i in range(args.workers)
+        [*cli, "data-plane", "--worker-id", f"w{i}", *model, *one_thread, "--health-port", port]
+        for i, port in enumerate(str(args.port + 3 + i) for i in range(args.workers))
     ]
     commands = [
         ["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no"],
