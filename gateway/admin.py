@@ -25,7 +25,7 @@ from gateway.auth_failures import auth_failures
 from gateway.errors import APIError
 from gateway.state import GatewayState
 from shared import streams
-from shared.knobs import KnobError, knobs_to_mapping, read_knobs, write_knobs
+from shared.knobs import KnobError, knobs_to_json, read_knobs, write_knobs
 from shared.policy import kv_usage
 from shared.slo import read_slo_classes, write_slo_classes
 
@@ -49,7 +49,7 @@ MAX_REQUEST_ID_CHARS = 256
 @router.get("/knobs")
 async def get_knobs(request: Request) -> dict[str, Any]:
     knobs, version = await read_knobs(_state(request).redis)
-    return {"version": version, "knobs": knobs_to_mapping(knobs)}
+    return {"version": version, "knobs": knobs_to_json(knobs)}
 
 
 @router.put("/knobs")
@@ -64,7 +64,7 @@ async def put_knobs(request: Request, body: Annotated[Any, Body()]) -> dict[str,
         param = exc.knob if isinstance(exc, KnobError) else "knobs"
         raise APIError(422, str(exc), param=param, code="invalid_knob") from exc
     state.directory.knobs, state.directory.knobs_version = knobs, version
-    return {"version": version, "knobs": knobs_to_mapping(knobs)}
+    return {"version": version, "knobs": knobs_to_json(knobs)}
 
 
 @router.get("/slo-classes")

@@ -24,13 +24,17 @@ from gateway.fastlane import FastLane
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from gateway.tenancy import authenticate
+from shared.errors import ConfigError
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
     """Raises ValueError when the admin API would be open (no token and not disabled), and
     the tokenizer's errors for a bad model path."""
     if settings.admin_token is None and not settings.admin_disabled:
-        raise ValueError("set an admin token (SUPERINFER_ADMIN_TOKEN) or disable the admin API")
+        raise ConfigError(
+            "set an admin token (SUPERINFER_ADMIN_TOKEN, at least 16 characters) or disable the "
+            "admin API (SUPERINFER_ADMIN_DISABLED=1)"
+        )
     state = GatewayState(settings)
 
     @asynccontextmanager

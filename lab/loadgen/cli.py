@@ -50,6 +50,7 @@ from lab.loadgen.report import (
     print_rows,
     server_counters,
 )
+from lab.optional import check_plot
 from lab.traces import TraceRequest, load_trace
 from shared.slo import DEFAULT_SLO_CLASSES
 
@@ -281,6 +282,7 @@ def _request_json(record: RequestRecord) -> dict[str, Any]:
 
 def run_bench_command(args: argparse.Namespace) -> int:
     try:
+        check_plot(args.plot)
         check_capacity_arguments(args)
         if args.capacity:
             return _run_capacity(args)

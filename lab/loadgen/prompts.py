@@ -10,6 +10,7 @@ import numpy as np
 
 from lab.loadgen.core import PlannedRequest, ServerInfo
 from lab.traces import TraceRequest
+from shared.model_source import default_model, model_display_name
 from shared.tokenizer import (
     HFTokenizer,
     Llama2cTokenizer,
@@ -33,7 +34,7 @@ _TAIL_TOKENS = 24  # the last tokens of a prompt are chosen to make its length e
 def load_bench_tokenizer(server: ServerInfo, tokenizer_path: str | None) -> Tokenizer:
     """``tokenizer_path`` (a model directory or file, ``tokenizer.json`` or a llama2.c
     ``tok*.bin``), else the served model by its ``/v1/models`` id or root (``tiny-random``, a
-    local path). Never downloads."""
+    local path, or the name ``make run``'s default model is served under). Never downloads."""
     if tokenizer_path is not None:
         if tokenizer_path.endswith(".json"):
             return HFTokenizer(_existing(tokenizer_path), None, ())
@@ -41,7 +42,9 @@ def load_bench_tokenizer(server: ServerInfo, tokenizer_path: str | None) -> Toke
         if name.startswith("tok") and name.endswith(".bin"):
             return Llama2cTokenizer(_existing(tokenizer_path))
         return load_tokenizer_bundle(tokenizer_path).tokenizer
-    for candidate in (server.model, server.root):
+    default = default_model()
+    served_default = default if model_display_name(default) == server.model else None
+    for candidate in (server.model, server.root, served_default):
         if candidate:
             try:
                 return load_tokenizer_bundle(candidate).tokenizer

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.costmodel import load_profile, with_link_scale
+from lab.optional import check_plot
 from lab.sim.setup import SimSetup
 from lab.sim.simulator import ProgressFn
 from lab.sim.sweep import SweepJob, run_sweep
@@ -294,6 +295,7 @@ def _fmt(value: float | None, scale: float, spec: str) -> str:
 
 def run_simulate(args: argparse.Namespace) -> int:
     try:
+        check_plot(args.plot)
         jobs, config = build_jobs(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -22,6 +22,7 @@ def test_tokenize_and_detokenize_round_trip(served: Served) -> None:
     assert out["tokens"][0] == 1  # BOS, as a completion's prompt
     assert out["tokens"][1:] == STORIES_REFERENCE_TOKENS[: out["count"] - 1]
     assert out["count"] == len(out["tokens"]) and out["max_model_len"] > 0
+    assert out["token_strs"][0] == "<s>"  # BOS as the vocabulary names it
     assert "".join(out["token_strs"][1:]).replace("\u2581", " ").strip() == TEXT
     plain = _post(served, "/tokenize", {"prompt": TEXT, "add_special_tokens": False}).json()
     assert plain["tokens"] == out["tokens"][1:] and plain["token_strs"] is None

@@ -263,3 +263,21 @@ async def test_detokenizing_an_unknown_id_is_a_400_not_a_silent_drop() -> None:
         assert (await encoder.decode([5])) == [tokenizer.decode([5])]
     finally:
         encoder.close()
+
+
+async def test_token_strs_are_the_vocabularys_pieces_as_transformers_names_them() -> None:
+    """``/tokenize``'s ``token_strs`` (vLLM: ``convert_ids_to_tokens``): special tokens were
+    "" (each token decoded alone, special tokens skipped) and others their decoded text."""
+    from gateway.prompts import PromptEncoder
+
+    path = _smollm_path()
+    reference = _reference(path)
+    tokenizer = load_tokenizer_bundle(str(path)).tokenizer
+    ids = reference.encode("<|im_start|>user\nHello world, café 🤗<|im_end|>")
+    encoder = PromptEncoder(tokenizer, None, 1000, 1)  # type: ignore[arg-type]
+    try:
+        text, *pieces = await encoder.decode(ids, each=True)
+    finally:
+        encoder.close()
+    assert pieces == reference.convert_ids_to_tokens(ids)
+    assert pieces[0] == "<|im_start|>" and text == reference.decode(ids, skip_special_tokens=True)

@@ -22,6 +22,8 @@ pytestmark = pytest.mark.skipif(
 )
 BANNER = "SuperInfer ready: "
 QUESTION = "What is the capital of France? Answer in one sentence."
+COLOURS = "Name three colours."
+README_STREAM = "1. Red: This is the most obvious colour, but it's also the most complex."
 
 
 def _first_line_with(process: subprocess.Popen[str], text: str, timeout_s: float) -> str:
@@ -76,6 +78,14 @@ def test_chat_at_the_banner_is_served_by_the_default_model() -> None:
             assert f"http://127.0.0.1:{port}/v1" in banner
             content = reply.choices[0].message.content or ""
             assert "Paris" in content, content
+            streamed = "".join(
+                chunk.choices[0].delta.content or ""
+                for chunk in client.chat.completions.create(
+                    model=reply.model, messages=[{"role": "user", "content": COLOURS}],
+                    temperature=0, max_tokens=12, stream=True,
+                )
+            )  # fmt: skip
+            assert README_STREAM.startswith(streamed), streamed  # the README's comment
             assert reply.model == Path(reply.model).name  # the GGUF file's stem, no path
         finally:
             process.terminate()

@@ -218,3 +218,32 @@ def test_gateway_health_tells_a_lost_bus(tmp_path: Path) -> None:
     finally:
         redis_process.kill()
     print(f"/health: bus_lost {lost_s:.2f} s after Redis was killed, ok {back_s:.2f} s after back")
+
+
+def test_ctrl_c_stops_serve_cleanly_and_lets_streams_finish(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C signals the whole foreground process group: Redis died first, the
+    stream in flight ended in a ``bus`` error, error lines were logged and serve exited 1."""
+    port = free_port()
+    command = [sys.executable, "-m", "superinfer", "serve", "--model", "tiny-random"]
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:  # its own group, as a shell's foreground job
+        serve = subprocess.Popen(
+            [*command, "--port", str(port)], env=_env(), stdout=out, stderr=out,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url, serve, log)
+        body = {"model": "tiny-random", "prompt": "hello", "max_tokens": 300, "stream": True,
+                "ignore_eos": True}  # fmt: skip
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            next(line for line in lines if line.startswith("data: {"))  # streaming now
+            os.killpg(serve.pid, signal.SIGINT)  # Ctrl-C: the group, children included
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]" and '"finish_reason": "length"' in rest[-2], rest[-2:]
+        assert serve.wait(timeout=60) == 0
+        assert '"level": "error"' not in log.read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(serve.pid, signal.SIGKILL)

@@ -1,0 +1,48 @@
+"""A setting or model a service cannot start with is one ``error:`` line and status 2, as
+``generate`` answers it (``serve`` printed 139 lines of tracebacks for a model not in the
+cache), and ``serve`` refuses a missing model before it starts any child."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import STORIES_DIR
+
+
+def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SUPERINFER_")}
+    return subprocess.run(
+        [sys.executable, "-m", "superinfer", *args],
+        env={**clean, "HF_HUB_OFFLINE": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "says"),
+    [
+        (["serve", "--model", "/nowhere/model.gguf"], {}, "/nowhere/model.gguf"),
+        (["serve", "--model", "no-such-org/no-such-model"], {}, "not in the local cache"),
+        (["data-plane", "--model", str(STORIES_DIR / "stories260K.bin"), "--max-model-len",
+          "4096"], {}, "--max-model-len"),
+        (["gateway", "--model", str(STORIES_DIR / "stories260K.bin")], {}, "admin token"),
+        (["gateway", "--model", str(STORIES_DIR / "stories260K.bin")],
+         {"SUPERINFER_ADMIN_TOKEN": "short"}, "at least 16 characters"),
+    ],
+)  # fmt: skip
+def test_a_service_that_cannot_start_says_why_in_one_line(
+    args: list[str], env: dict[str, str], says: str, tmp_path: Path
+) -> None:
+    done = _run([*args, "--redis-url", "redis://127.0.0.1:1/0"] if args[0] != "serve" else args,
+                env)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors and says in errors[0], done.stderr[-2000:]
