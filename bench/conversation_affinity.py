@@ -122,7 +122,8 @@ async def conversation(
     measured = []
     for turn in range(args.turns):
         text = " ".join(WORDS[(index + turn + i) % len(WORDS)] for i in range(6))
-        message = {"role": "user", "content": f"{text} ({index}.{turn})"}
+        # the conversation's own id first: no run finds another run's turns in the cache
+        message = {"role": "user", "content": f"{key[5:17]} {text} ({index}.{turn})"}
         body: dict[str, Any] = {"max_output_tokens": args.max_output_tokens, "temperature": 0}
         if way == "previous":
             body |= {"input": [message], "previous_response_id": previous}
