@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 
 from data_plane.engine.engine import Engine, StepResult
 from data_plane.engine.request import FinishReason, RequestError, RequestOutput
+from data_plane.grammar_intake import PendingGrammars
 from data_plane.intake import Entry, Intake
 from data_plane.knobs import WorkerKnobs
 from data_plane.orphans import GatewayWatch, sweep_orphans
@@ -86,6 +87,7 @@ class Worker:
         self.intake = Intake(redis, settings.worker_id, settings.read_batch)
         self.limits = Limits.for_prompts(engine.max_model_len)  # the largest legal request
         self.gateways = GatewayWatch(settings.gateway_dead_s, settings.gateway_forget_s)
+        self.grammars = PendingGrammars(engine.compile_grammar, engine.grammar_ready)
         self.plans_stream = streams.worker_plans_stream(settings.worker_id)
         self.replies = Replies()  # where each owned request's outputs go
         self._last_plan_id = "0-0"
@@ -118,6 +120,7 @@ class Worker:
             with garbage_collected_between_iterations():
                 await loop_with_backoff(self._iterate, stop, self._after_redis_error)
         finally:
+            self.grammars.close()
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
@@ -163,6 +166,12 @@ class Worker:
             await sweep_orphans(self.gateways, self.engine, self.replies, self.redis)
         for msg in self.gateways.unparked():  # their gateway restarted: it beats again
             self._submit(msg)
+        for msg, error in self.grammars.ready():  # compiled off the loop: now they join
+            if error is None:
+                self._submit(msg)
+            else:
+                param = error.param if isinstance(error, RequestError) else None
+                self._refuse(msg, str(error), "rejected", param)
         self.knobs.apply()  # the planner changes between steps only
         self._refresh_status()
         collect_due_garbage()  # between iterations, not inside a step or the plan round trip
@@ -257,7 +266,7 @@ class Worker:
                 return False
             self._submit(msg)
         elif isinstance(msg, AbortRequest):
-            if self.engine.abort(msg.request_id):
+            if self.grammars.drop(msg.request_id) or self.engine.abort(msg.request_id):
                 log.info("request_aborted", request_id=msg.request_id)
         else:
             log.error("unexpected_message", entry_id=entry_id, type=type(msg).__name__)
@@ -268,6 +277,8 @@ class Worker:
             return  # a redelivered duplicate of a request the engine already owns
         if self.gateways.owns_dead(msg.reply_stream):  # unless it beats again (restarted)
             self.gateways.park(msg)
+            return
+        if self.grammars.hold(msg):  # its structured output compiles off the loop first
             return
         try:
             self.engine.add_request(

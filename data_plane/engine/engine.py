@@ -34,6 +34,7 @@ from shared.policy import (
     RequestState,
     Snapshot,
 )
+from shared.sampling import StructuredOutput
 from shared.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # the KV layer holds torch tensors; the loop itself needs no torch
@@ -183,6 +184,17 @@ class Engine:
         self.requests[request_id] = request
         self.waiting.append(request)
         return request
+
+    def grammar_ready(self, structured: StructuredOutput) -> bool:
+        """Whether :meth:`add_request` finds ``structured`` compiled (or refuses it at once:
+        an engine without grammars); else :meth:`compile_grammar` first, off the loop."""
+        return self.grammars is None or self.grammars.is_compiled(structured)
+
+    def compile_grammar(self, structured: StructuredOutput) -> None:
+        """Compile ``structured`` for this vocabulary (any thread; RequestError when it does
+        not compile)."""
+        if self.grammars is not None:
+            self.grammars.compile(structured)
 
     def abort(self, request_id: str) -> bool:
         """Abort at any time; frees the request's blocks in every tier."""

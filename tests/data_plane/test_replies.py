@@ -14,6 +14,7 @@ from redis.exceptions import ConnectionError, OutOfMemoryError, ReadOnlyError, R
 
 from data_plane.engine.engine import StepResult
 from data_plane.engine.request import FinishReason, RequestOutput
+from data_plane.grammar_intake import PendingGrammars
 from data_plane.orphans import GatewayWatch
 from data_plane.replies import MAX_UNSENT_OUTPUTS, Replies, _still_unsent
 from data_plane.service import Worker
@@ -223,6 +224,7 @@ async def test_an_idle_worker_still_sends_what_a_failed_write_left(redis_client:
     worker.redis = redis_client
     worker.engine = SimpleNamespace(has_unfinished=lambda: False)  # type: ignore[assignment]
     worker.settings = SimpleNamespace(idle_block_ms=50)  # type: ignore[assignment]
+    worker.grammars = PendingGrammars(lambda structured: None, lambda structured: True)
     reads: list[int | None] = []
 
     async def nothing_new(block_ms: int | None) -> tuple[list[Any], list[Any]]:

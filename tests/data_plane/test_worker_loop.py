@@ -12,6 +12,7 @@ from typing import Any, cast
 import pytest
 from redis.exceptions import ConnectionError
 
+from data_plane.grammar_intake import PendingGrammars
 from data_plane.orphans import GatewayWatch
 from data_plane.service import Worker
 
@@ -56,6 +57,7 @@ def _worker(recorder: Recorder) -> Worker:
     worker.engine = cast(Any, SimpleNamespace(has_unfinished=lambda: True))
     worker.knobs = cast(Any, SimpleNamespace(seeded=True, apply=lambda: None))
     worker.gateways = GatewayWatch(dead_s=10.0, forget_s=3600.0)
+    worker.grammars = PendingGrammars(lambda structured: None, lambda structured: True)
     worker.intake = cast(Any, SimpleNamespace(ack=recorder.ack))
     worker._refresh_status = lambda: None  # type: ignore[method-assign]
     worker._step = recorder.step  # type: ignore[method-assign]
