@@ -23,17 +23,15 @@ from gateway.generation import KEEPALIVE
 from gateway.logprobs_format import chat_content
 from gateway.openai_routes import admit_and_start, chat_prompt, tool_plan
 from gateway.response_store import Conversation
-from gateway.responses import (
-    as_responses_error,
+from gateway.responses import as_responses_error, chat_request, stored_items
+from gateway.responses_models import ResponsesRequest, reject_unsupported_response_fields
+from gateway.responses_output import (
     call_item,
-    chat_request,
     event_bytes,
     finished,
     message_item,
     response_head,
-    stored_items,
 )
-from gateway.responses_models import ResponsesRequest, reject_unsupported_response_fields
 from gateway.sse import KEEPALIVE_EVENT, SseResponse
 from gateway.state import GatewayState
 from gateway.tenancy import Caller, authenticate
