@@ -183,8 +183,9 @@ class WorkerCollector(Collector):
 async def _run_and_drain(
     worker: Worker, state: WorkerState, stop: asyncio.Event, drain_timeout_s: float
 ) -> None:
-    """Run the worker until ``stop``; then stay up (not ready) until the engine has finished
-    the requests it owns, or ``drain_timeout_s`` passed, and only then stop the worker."""
+    """Run the worker until ``stop``; then stay up (not ready) until it has finished the
+    requests it owns (those whose grammar still compiles included), or ``drain_timeout_s``
+    passed, and only then stop the worker."""
     worker_stop = asyncio.Event()
     run = asyncio.create_task(worker.run(worker_stop))
     stopped = asyncio.create_task(stop.wait())
@@ -196,9 +197,9 @@ async def _run_and_drain(
             loop = asyncio.get_running_loop()
             deadline = loop.time() + drain_timeout_s
             log.info("worker_draining", worker_id=state.worker_id, timeout_s=drain_timeout_s)
-            while worker.engine.has_unfinished() and loop.time() < deadline and not run.done():
+            while worker.has_unfinished() and loop.time() < deadline and not run.done():
                 await asyncio.sleep(0.05)
-            if worker.engine.has_unfinished():
+            if worker.has_unfinished():
                 log.warning("worker_drain_timed_out", worker_id=state.worker_id)
             worker_stop.set()
         await run

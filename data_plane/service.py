@@ -57,6 +57,7 @@ from shared.runtime import (
     loop_with_backoff,
 )
 
+GRAMMAR_POLL_MS = 5  # an idle worker's read while a grammar compiles
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 Fetched = list[T] | Exception  # a read's result, or the error it raised
@@ -133,6 +134,11 @@ class Worker:
             await self.redis.zrem(streams.SNAPSHOT_WORKERS_KEY, self.settings.worker_id)
         log.info("worker_stopped", worker_id=self.settings.worker_id)
 
+    def has_unfinished(self) -> bool:
+        """Requests this worker owns and has not finished: in the engine, or acknowledged and
+        waiting for their grammar to compile (they join the engine between steps)."""
+        return self.engine.has_unfinished() or len(self.grammars) > 0
+
     async def _after_redis_error(self, exc: RedisError) -> None:
         if "NOGROUP" in str(exc) or "no longer exists" in str(exc):
             await self.intake.ensure_group()
@@ -156,8 +162,9 @@ class Worker:
                 await step
             finally:  # even after a failed step: what was read must not sit unacknowledged
                 await self._apply(*fetched)
-        else:
-            fetched = await self._fetch(block_ms=self.settings.idle_block_ms)
+        else:  # idle; a grammar compiling: its request joins within a few ms of being ready
+            idle_ms = GRAMMAR_POLL_MS if len(self.grammars) else self.settings.idle_block_ms
+            fetched = await self._fetch(block_ms=idle_ms)
             if self.replies.has_pending:  # a failed write's outputs, with nothing else to send
                 await self._flush_sends()
                 await self.replies.send(self.redis, [])
@@ -169,9 +176,11 @@ class Worker:
         for msg, error in self.grammars.ready():  # compiled off the loop: now they join
             if error is None:
                 self._submit(msg)
-            else:
-                param = error.param if isinstance(error, RequestError) else None
-                self._refuse(msg, str(error), "rejected", param)
+            elif isinstance(error, RequestError):
+                self._refuse(msg, str(error), "rejected", error.param)
+            else:  # a bug: the client gets an error now, not a timeout
+                log.error("grammar_compile_failed", request_id=msg.request_id, error=repr(error))
+                self._refuse(msg, f"engine error: {error!r}", "engine")
         self.knobs.apply()  # the planner changes between steps only
         self._refresh_status()
         collect_due_garbage()  # between iterations, not inside a step or the plan round trip

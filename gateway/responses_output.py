@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from gateway.responses_models import ResponsesRequest
-from gateway.tools import ToolCall
+from gateway.tool_parsers import ToolCall
 
 
 def message_item(text: str, logprobs: list[Any] | None, status: str) -> dict[str, Any]:
@@ -25,14 +25,19 @@ def message_item(text: str, logprobs: list[Any] | None, status: str) -> dict[str
     }
 
 
-def call_item(call: ToolCall, status: str = "completed") -> dict[str, Any]:
+def status_of(finish_reason: str | None) -> str:
+    """A generation's status: ``incomplete`` when ``max_output_tokens`` cut it."""
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
+def call_item(call: ToolCall) -> dict[str, Any]:
     return {
         "type": "function_call",
         "id": f"fc_{uuid.uuid4().hex}",
         "call_id": call.id,
         "name": call.name,
         "arguments": call.arguments,
-        "status": status,
+        "status": "completed",
     }
 
 
@@ -78,11 +83,11 @@ def finished(
 ) -> dict[str, Any]:
     """The response object once generation ended (``incomplete`` when cut by
     ``max_output_tokens``)."""
-    cut = reason == "length"
+    status = status_of(reason)
     return {
         **head,
-        "status": "incomplete" if cut else "completed",
-        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "status": status,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "output": output,
         "usage": response_usage(usage),
     }

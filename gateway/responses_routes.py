@@ -4,16 +4,17 @@ by the chat path (:mod:`gateway.responses`) and stored in Redis (:mod:`gateway.r
 A streamed response sends OpenAI's events: ``response.created``, ``response.in_progress``, the
 message item (``output_item.added``, ``content_part.added``, ``output_text.delta``... ``.done``),
 each function call item (``function_call_arguments.delta`` / ``.done``), then
-``response.completed`` (``response.incomplete`` when cut by ``max_output_tokens``); an error
-after the first event is an ``error`` event."""
+``response.completed`` (``response.incomplete`` when cut by ``max_output_tokens``); a failure
+after the first event is an ``error`` event, then ``response.failed`` (stored like the others).
+No ``data: [DONE]`` follows, as OpenAI's."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -31,12 +32,15 @@ from gateway.responses_output import (
     finished,
     message_item,
     response_head,
+    status_of,
 )
 from gateway.sse import KEEPALIVE_EVENT, SseResponse
 from gateway.state import GatewayState
 from gateway.tenancy import Caller, authenticate
-from gateway.tools import ToolCall, ToolPlan, ToolStream, split_output, template_tools
+from gateway.tool_parsers import ToolCall
+from gateway.tools import ToolPlan, ToolStream, split_output, template_tools
 
+log = structlog.get_logger(__name__)
 router = APIRouter()
 
 
@@ -83,7 +87,7 @@ async def _create(
     await collect([choice], request)
     content, calls = split_output(plan, choice.text, choice.generation.finish_reason)
     reason = "tool_calls" if calls else choice.generation.finish_reason
-    status = "incomplete" if reason == "length" else "completed"
+    status = status_of(reason)
     logprobs = choice.chat_logprobs(state.prompts.token_text)["content"] if chat.logprobs else None
     output = [message_item(content, logprobs, status)] if content or not calls else []
     output += [call_item(call) for call in calls]
@@ -121,6 +125,22 @@ def _stores(state: GatewayState, body: ResponsesRequest) -> bool:
     return False
 
 
+async def _failed(
+    emit: _Events, exc: APIError, head: dict[str, Any], output: list[Any], saver: _Saver
+) -> list[bytes]:
+    """The events of a generation that failed after the stream began: ``error``, then
+    ``response.failed`` with the response as it got (stored, when stored at all)."""
+    exc.request_id = head["id"]
+    error = exc.body()["error"]
+    failed = {**head, "status": "failed", "output": output, "usage": None}
+    failed["error"] = {"code": error["code"] or "server_error", "message": error["message"]}
+    await saver.save_or_log(failed)
+    return [
+        emit("error", code=error["code"], message=error["message"], param=error["param"]),
+        emit("response.failed", response=failed),
+    ]
+
+
 class _Saver:
     """Stores the response once it ended, with the chain it continues (None: not stored)."""
 
@@ -142,6 +162,14 @@ class _Saver:
         await self.state.responses.save(
             response, stored_items(self.body), self.caller.key_id, worker_id, self.chain_ids
         )
+
+    async def save_or_log(self, response: dict[str, Any]) -> None:
+        """:meth:`save` for a stream that already sent the output: Redis refusing it is logged
+        (a later ``previous_response_id`` then finds nothing), never a failed response."""
+        try:
+            await self.save(response)
+        except APIError as exc:
+            log.warning("response_not_stored", response_id=response["id"], error=exc.message)
 
 
 class _Events:
@@ -192,18 +220,11 @@ def _streamed(
                     for event in stream.finish(reason, calls):
                         yield event
                     response = finished(head, stream.output, reason, usage([choice]))
-                    await saver.save(response)
-                    done = "response.incomplete" if reason == "length" else "response.completed"
-                    yield emit(done, response=response)
+                    await saver.save_or_log(response)  # what was generated is sent anyway
+                    yield emit(f"response.{response['status']}", response=response)
         except APIError as exc:
-            exc.request_id = head["id"]
-            error = exc.body()["error"]
-            yield emit("error", code=error["code"], message=error["message"], param=error["param"])
-            failed = {**head, "status": "failed", "output": stream.output, "usage": None}
-            failed["error"] = {"code": error["code"] or "server_error", "message": error["message"]}
-            with contextlib.suppress(APIError):  # Redis away too: the error event said it all
-                await saver.save(failed)
-            yield emit("response.failed", response=failed)
+            for event in await _failed(emit, exc, head, stream.output, saver):
+                yield event
 
     def close() -> None:
         service.finish(choice.generation)
@@ -255,7 +276,7 @@ class _MessageStream:
     def finish(self, reason: str, calls: list[ToolCall]) -> list[bytes]:
         events = self._open() if self.message is None and not calls else []
         if self.message is not None:
-            status = "incomplete" if reason == "length" else "completed"
+            status = status_of(reason)
             self.logprobs.extend(self.pending)
             logprobs = self.logprobs if self.with_logprobs else None
             item = message_item(self.text_so_far, logprobs, status)

@@ -171,7 +171,9 @@ async def refuse_uncompilable(
 ) -> None:
     """400 naming the field for a structured output that does not compile, before anything
     is submitted (a stream's 200 would be sent before the worker found out). Built on the
-    gateway's one grammar thread: a slow one (``a{100000}``: 1.8 s) holds no other request."""
+    gateway's one grammar thread, never on the event loop: requests without a structured
+    output never wait for it; those with one are checked one at a time (the last 256 answers
+    cached: most builds take well under a millisecond)."""
     if structured is None:
         return
     loop = asyncio.get_running_loop()

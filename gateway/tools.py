@@ -8,8 +8,9 @@ a named function) and ``parallel_tool_calls``.
 - ``auto`` (vLLM: ``--enable-auto-tool-choice`` with ``--tool-call-parser``) renders the tools
   in the chat template and parses the model's own format: ``hermes`` (Hermes, Qwen2.5:
   ``<tool_call>{"name", "arguments"}</tool_call>``) or ``llama3_json`` (Llama 3.x: a JSON
-  object ``{"name", "parameters"}``, several separated by ``;``). Text before the first call is
-  the message's content; output that does not parse stays content.
+  object ``{"name", "parameters"}``, several separated by ``;``; :mod:`gateway.tool_parsers`).
+  Text before the first call is the message's content; output that does not parse stays
+  content.
 - ``none`` generates text; the tools are still rendered (vLLM's default: a history's calls
   name functions the prompt defines), unless ``exclude_tools_when_tool_choice_none``.
 - ``parallel_tool_calls: false`` keeps the first call of an ``auto`` output (``required``
@@ -18,30 +19,15 @@ a named function) and ``parallel_tool_calls``.
 from __future__ import annotations
 
 import json
-import re
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import APIError
 from gateway.openai_models import ChatCompletionRequest
+from gateway.tool_parsers import ToolCall, as_json, held_back, parse_calls
 from shared.sampling import StructuredOutput
 
 PARSERS = ("hermes", "llama3_json")
-_HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
-HERMES_TAG = "<tool_call>"
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    name: str
-    arguments: str  # JSON text, as OpenAI sends it
-    id: str = field(default_factory=lambda: f"chatcmpl-tool-{uuid.uuid4().hex}")
-
-    def as_openai(self, index: int | None = None) -> dict[str, Any]:
-        call: dict[str, Any] = {"id": self.id, "type": "function"}
-        call["function"] = {"name": self.name, "arguments": self.arguments}
-        return call if index is None else {"index": index, **call}
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,14 +87,14 @@ def plan_tools(
 
 
 def _required_output(functions: dict[str, dict[str, Any]], parallel: bool) -> StructuredOutput:
-    """A JSON array of ``{name, parameters}`` calls, each tool's ``$defs`` (what
-    ``openai.pydantic_function_tool`` writes for nested models) lifted to the array's root so
-    that their ``#/$defs/...`` references resolve there."""
-    defs: dict[str, Any] = {}
+    """A JSON array of ``{name, parameters}`` calls, each tool's ``$defs`` / ``definitions``
+    (what ``openai.pydantic_function_tool`` writes for nested models) lifted to the array's
+    root under the same key, so that their ``#/$defs/...`` references resolve there."""
+    lifted: dict[str, dict[str, Any]] = {"$defs": {}, "definitions": {}}
     items = []
     for index, (name, function) in enumerate(functions.items()):
         parameters = dict(function.get("parameters") or {"type": "object"})
-        for key in ("$defs", "definitions"):
+        for key, defs in lifted.items():
             for def_name, schema in (parameters.pop(key, None) or {}).items():
                 if defs.setdefault(def_name, schema) != schema:
                     raise APIError(
@@ -121,8 +107,7 @@ def _required_output(functions: dict[str, dict[str, Any]], parallel: bool) -> St
     array: dict[str, Any] = {"type": "array", "items": {"anyOf": items}, "minItems": 1}
     if not parallel:
         array["maxItems"] = 1
-    if defs:
-        array["$defs"] = defs
+    array |= {key: defs for key, defs in lifted.items() if defs}
     return StructuredOutput("json", json.dumps(array))
 
 
@@ -174,77 +159,7 @@ def enforced_calls(plan: ToolPlan, text: str) -> list[ToolCall]:
     if plan.mode == "named" and plan.named is not None:
         json.loads(text)  # raises where max_tokens cut it
         return [ToolCall(plan.named, text.strip())]
-    return [ToolCall(c["name"], _json(c["parameters"])) for c in json.loads(text)]
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)  # arguments' text as the model wrote it
-
-
-def parse_calls(parser: str, text: str) -> tuple[str, list[ToolCall]]:
-    """``text`` as (content, tool calls) in ``parser``'s format; no call found: all content."""
-    if parser == "hermes":
-        start = text.find(HERMES_TAG)
-        if start < 0:
-            return text, []
-        found = [_call(raw, "arguments") for raw in _HERMES_CALL.findall(text[start:])]
-        if not found or None in found:
-            return text, []
-        return text[:start], [c for c in found if c is not None]
-    calls = _llama3_calls(text)
-    return ("", calls) if calls else (text, [])
-
-
-def _llama3_calls(text: str) -> list[ToolCall]:
-    """Llama 3.x's calls: JSON objects separated by ``;`` (a ``;`` inside an argument string
-    is the argument's); none unless the whole text is calls."""
-    decoder = json.JSONDecoder()
-    calls: list[ToolCall] = []
-    at = len(text) - len(text.lstrip())
-    while at < len(text):
-        try:
-            value, end = decoder.raw_decode(text, at)
-        except json.JSONDecodeError:
-            return []
-        call = _call_of(value, "parameters")
-        if call is None:
-            return []
-        calls.append(call)
-        rest = text[end:].lstrip()
-        if rest.startswith(";"):
-            rest = rest[1:].lstrip()
-        elif rest:
-            return []
-        at = len(text) - len(rest)
-    return calls
-
-
-def _call(raw: str, arguments_key: str) -> ToolCall | None:
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        return None
-    return _call_of(value, arguments_key)
-
-
-def _call_of(value: Any, arguments_key: str) -> ToolCall | None:
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        return None
-    arguments = value.get(arguments_key, value.get("arguments", value.get("parameters", {})))
-    return ToolCall(value["name"], _json(arguments))
-
-
-def held_back(parser: str, text: str) -> int:
-    """How many characters at the end of streamed ``text`` must wait (they may begin a call):
-    all of it once a call began, or a partial tag at the end."""
-    if parser == "llama3_json":
-        return len(text) if text.lstrip().startswith("{") or not text.strip() else 0
-    if HERMES_TAG in text:
-        return len(text) - text.find(HERMES_TAG)
-    for size in range(min(len(HERMES_TAG) - 1, len(text)), 0, -1):
-        if HERMES_TAG.startswith(text[-size:]):
-            return size
-    return 0
+    return [ToolCall(c["name"], as_json(c["parameters"])) for c in json.loads(text)]
 
 
 def history_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:

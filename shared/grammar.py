@@ -41,7 +41,7 @@ def build_grammar(structured: StructuredOutput) -> Any:
     except GrammarError:
         raise
     except (RuntimeError, ValueError, TypeError) as exc:
-        raise GrammarError(f"the {kind} structured output: {_clean(exc)}") from exc
+        raise GrammarError(f"the {kind} structured output: {clean(exc)}") from exc
 
 
 @functools.lru_cache(maxsize=256)
@@ -59,7 +59,8 @@ def _ebnf_string(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def _clean(exc: BaseException) -> str:
+def clean(exc: BaseException) -> str:
+    """xgrammar's message for a client: its first line, without its timestamp and source."""
     text = str(exc).strip()
     message = text.splitlines()[0] if text else repr(exc)
     return _SOURCE_PREFIX.sub("", message)[:300]

@@ -19,13 +19,18 @@ _VERSION_FIELD = "version"  # the hash's version counter, beside one field per c
 # writers each get exactly their set, never a merge of both (a read of the fields to delete
 # outside the transaction let concurrent PUTs merge). A version field that is not a number
 # (written by hand) restarts from 1 rather than failing every later write.
-_REPLACE_CLASSES = """
-local version = tonumber(redis.call('HGET', KEYS[1], 'version')) or 0
+# A script that fails is not rolled back, so nothing before DEL can fail after it (one HSET per
+# field: unpack() of thousands of arguments failed after the DEL, leaving no class at all).
+_REPLACE_CLASSES = f"""
+local version = tonumber(redis.call('HGET', KEYS[1], '{_VERSION_FIELD}')) or 0
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], unpack(ARGV))
-redis.call('HSET', KEYS[1], 'version', version + 1)
+for i = 1, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+redis.call('HSET', KEYS[1], '{_VERSION_FIELD}', version + 1)
 return version + 1
 """
+MAX_SLO_CLASSES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +69,8 @@ def slo_classes_from_mapping(raw: dict[str, Any]) -> dict[str, SloClass]:
         classes[name] = SloClass(name, spec["ttft_s"], spec["tbt_s"])
     if not classes:
         raise ValueError("at least one SLO class is needed")
+    if len(classes) > MAX_SLO_CLASSES:
+        raise ValueError(f"at most {MAX_SLO_CLASSES} SLO classes, got {len(classes)}")
     return classes
 
 

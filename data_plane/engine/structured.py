@@ -19,7 +19,7 @@ import torch
 
 from data_plane.engine.request import RequestError
 from data_plane.engine.sampling import SamplingRow
-from shared.grammar import GrammarError, build_grammar
+from shared.grammar import GrammarError, build_grammar, clean
 from shared.sampling import StructuredOutput
 from shared.tokenizer import ByteTokenizer, HFTokenizer, Llama2cTokenizer, Tokenizer
 
@@ -64,6 +64,8 @@ class Grammars:
             compiled = self._get_compiler().compile_grammar(build_grammar(structured))
         except GrammarError as exc:
             raise RequestError(str(exc)) from exc
+        except (RuntimeError, ValueError, TypeError) as exc:  # compiling for the vocabulary
+            raise RequestError(f"the {structured.kind} structured output: {clean(exc)}") from exc
         with self._lock:
             self._cache[key] = compiled
             while len(self._cache) > MAX_CACHED_GRAMMARS:

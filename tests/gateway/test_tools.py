@@ -16,7 +16,8 @@ from openai import BadRequestError, OpenAI
 
 from gateway.errors import APIError
 from gateway.openai_models import ChatCompletionRequest
-from gateway.tools import ToolPlan, ToolStream, parse_calls, plan_tools, split_output
+from gateway.tool_parsers import parse_calls
+from gateway.tools import ToolPlan, ToolStream, plan_tools, split_output
 from tests.served import Served
 
 MODEL = "stories260K"
@@ -269,3 +270,21 @@ def test_plans() -> None:
     assert plan_tools(body, True, "hermes").mode == "auto"
     none = ChatCompletionRequest.model_validate({"messages": MESSAGES, "tool_choice": "none"})
     assert not plan_tools(none, False, None).calls_tools
+
+
+def test_required_lifts_defs_and_definitions_under_their_own_keys() -> None:
+    """``#/definitions/A`` pointed nowhere once every tool's defs went under ``$defs`` (a 400
+    from the grammar compiler)."""
+    from shared.grammar import grammar_problem
+
+    inner = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    for key in ("$defs", "definitions"):
+        params = {"type": "object", key: {"A": inner}, "required": ["a"],
+                  "properties": {"a": {"$ref": f"#/{key}/A"}}}  # fmt: skip
+        tools: Any = [{"type": "function", "function": {"name": "f", "parameters": params}}]
+        body = ChatCompletionRequest.model_validate(
+            {"messages": MESSAGES, "tools": tools, "tool_choice": "required"}
+        )
+        plan = plan_tools(body, False, None)
+        assert plan.structured is not None and grammar_problem(plan.structured) is None, key
+        assert json.loads(plan.structured.spec)[key] == {"A": inner}

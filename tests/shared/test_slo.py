@@ -40,3 +40,16 @@ async def test_version_is_not_a_class_name_and_a_bad_version_heals(redis_client:
     assert (await read_slo_classes(redis_client))[1] == 0
     classes, version = await write_slo_classes(redis_client, {"standard": SPEC})
     assert set(classes) == {"standard"} and version == 1
+
+
+async def test_a_refused_write_leaves_the_classes_as_they_were(redis_client: Redis) -> None:
+    """4,000 classes failed inside the script after its DEL (unpack's limit): every class was
+    gone. Now the count is bounded before anything is written, and 256 are written whole."""
+    await write_slo_classes(redis_client, {"gold": SPEC})
+    with pytest.raises(ValueError, match="at most 256"):
+        await write_slo_classes(redis_client, {f"c{i}": SPEC for i in range(4000)})
+    classes, _ = await read_slo_classes(redis_client)
+    assert set(classes) == {"gold"}
+    many = {f"c{i}": SPEC for i in range(256)}
+    assert set((await write_slo_classes(redis_client, many))[0]) == set(many)
+    assert len((await read_slo_classes(redis_client))[0]) == 256
