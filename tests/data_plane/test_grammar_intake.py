@@ -81,3 +81,22 @@ def test_a_grammar_that_does_not_compile_comes_back_with_its_error(grammars: Gra
         assert "regex" in str(error) and len(pending) == 0
     finally:
         pending.close()
+
+
+def test_a_worker_with_a_grammar_compiling_has_unfinished_work(grammars: Grammars) -> None:
+    """Its request is acknowledged but not yet in the engine: a drain that looked at the engine
+    alone stopped the worker and lost it."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from data_plane.service import Worker
+
+    worker = Worker.__new__(Worker)
+    worker.engine = cast(Any, SimpleNamespace(has_unfinished=lambda: False))
+    worker.grammars = PendingGrammars(grammars.compile, grammars.is_compiled)
+    try:
+        assert not worker.has_unfinished()
+        worker.grammars.hold(_submit("r", _heavy_schema()))
+        assert worker.has_unfinished()
+    finally:
+        worker.grammars.close()

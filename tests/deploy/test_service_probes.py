@@ -133,6 +133,9 @@ class FakeWorker:
         self.engine = FakeEngine(busy_for)
         self.stopped_with_work = False
 
+    def has_unfinished(self) -> bool:  # the Worker's: the engine's, and compiling grammars
+        return self.engine.has_unfinished()
+
     async def run(self, stop: asyncio.Event) -> None:
         await stop.wait()
         self.stopped_with_work = self.engine.busy_for > 0
