@@ -4,7 +4,8 @@ workers, one request's lifecycle, API keys (a tenant, an SLO class that is the k
 route needs the admin bearer token (a wrong one is counted, logged and slowed per source:
 gateway/auth_failures.py). Every body is validated by type (gateway/admin_bodies.py): a wrong
 one is a 422, never a 500. Removing SLO classes that keys name is a 409 listing the keys unless
-``?force=true``; a key is deleted by its whole id only."""
+``?force=true`` (checked and written in one transaction that watches the keys, as a key's class
+is checked in one that watches the classes); a key is deleted by its whole id only."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Request
+from redis.exceptions import WatchError
 
 from gateway.admin_bodies import (
     KNOB_CHANGES,
@@ -20,14 +22,22 @@ from gateway.admin_bodies import (
     validated,
     validated_model,
 )
-from gateway.auth import check_admin, create_api_key, delete_api_key, is_key_id, keys_by_class
+from gateway.auth import (
+    UnknownSloClassError,
+    check_admin,
+    create_api_key,
+    delete_api_key,
+    is_key_id,
+    keys_by_class,
+)
 from gateway.auth_failures import auth_failures
 from gateway.errors import APIError
 from gateway.state import GatewayState
 from shared import streams
-from shared.knobs import KnobError, knobs_to_json, read_knobs, write_knobs
+from shared.knobs import MAX_WRITE_ATTEMPTS, KnobError, knobs_to_json, read_knobs, write_knobs
 from shared.policy import kv_usage
-from shared.slo import read_slo_classes, write_slo_classes
+from shared.slo import packed_slo_classes, queue_slo_classes_write, read_slo_classes
+from shared.streams import API_KEYS_KEY
 
 
 def _state(request: Request) -> GatewayState:
@@ -83,18 +93,11 @@ async def put_slo_classes(
     state = _state(request)
     specs = validated(SLO_CLASSES, body, "slo_classes")
     raw = {name: spec.model_dump() for name, spec in specs.items()}
-    stranded = await _stranded_keys(state, set(raw))
-    if stranded and not force:
-        listed = {name: ids[:20] for name, ids in stranded.items()}
-        message = (
-            f"API keys use SLO classes this removes: {listed}; delete or replace those keys "
-            "first, or PUT with ?force=true to serve them in the default class"
-        )
-        raise APIError(409, message, param="slo_classes", code="slo_class_in_use")
     try:
-        classes, version = await write_slo_classes(state.redis, raw)
+        classes, args = packed_slo_classes(raw)
     except ValueError as exc:
         raise APIError(422, str(exc), param="slo_classes", code="invalid_slo_class") from exc
+    version, stranded = await _replace_classes(state, set(classes), args, force)
     state.directory.slo_classes, state.directory.slo_classes_version = classes, version
     reply: dict[str, Any] = {
         "version": version,
@@ -109,10 +112,39 @@ async def put_slo_classes(
     return reply
 
 
-async def _stranded_keys(state: GatewayState, kept: set[str]) -> dict[str, list[str]]:
+async def _replace_classes(
+    state: GatewayState, kept: set[str], args: list[str | bytes], force: bool
+) -> tuple[int, dict[str, list[str]]]:
+    """Write the classes unless keys name one it removes (and not ``force``), in a transaction
+    that watches the keys: a key created meanwhile naming a removed class retries the check."""
+    async with state.redis.pipeline(transaction=True) as pipe:
+        for _ in range(MAX_WRITE_ATTEMPTS):
+            try:
+                await pipe.watch(API_KEYS_KEY)
+                stranded = _stranded(await keys_by_class(pipe), kept, state)
+                if stranded and not force:
+                    listed = {name: ids[:20] for name, ids in stranded.items()}
+                    message = (
+                        f"API keys use SLO classes this removes: {listed}; delete or replace "
+                        "those keys first, or PUT with ?force=true to serve them in the default "
+                        "class"
+                    )
+                    raise APIError(409, message, param="slo_classes", code="slo_class_in_use")
+                pipe.multi()
+                queue_slo_classes_write(pipe, args)
+                (version,) = await pipe.execute()
+                return int(version), stranded
+            except WatchError:
+                continue
+    message = f"API keys changed under {MAX_WRITE_ATTEMPTS} attempts to replace the classes"
+    raise APIError(409, message, param="slo_classes", code="conflict")
+
+
+def _stranded(
+    by_class: dict[str | None, list[str]], kept: set[str], state: GatewayState
+) -> dict[str, list[str]]:
     """The ids of the keys, by the class they name, that ``kept`` would leave without it
     (under the default class's name for keys that name none, when it is not kept)."""
-    by_class = await keys_by_class(state.redis)
     default = state.settings.default_slo_class
     stranded = {name: ids for name, ids in by_class.items() if name and name not in kept}
     if None in by_class and default not in kept:
@@ -150,9 +182,10 @@ async def post_api_key(request: Request, body: Annotated[Any, Body()]) -> dict[s
     state = _state(request)
     fields: ApiKeyBody = validated_model(ApiKeyBody, body, "api_key")
     tenant, slo_class, min_priority = fields.tenant, fields.slo_class, fields.min_priority
-    if slo_class is not None and slo_class not in state.directory.slo_classes:
-        raise APIError(422, f"unknown SLO class {slo_class!r}", param="slo_class")
-    key, info = await create_api_key(state.redis, tenant, slo_class, min_priority)
+    try:
+        key, info = await create_api_key(state.redis, tenant, slo_class, min_priority)
+    except UnknownSloClassError as exc:
+        raise APIError(422, str(exc), param="slo_class") from exc
     state.api_keys.clear()  # here at once; other gateways at their next refresh
     return {
         "api_key": key,

@@ -16,9 +16,12 @@ from dataclasses import dataclass
 import msgpack
 from fastapi import Request
 from redis.asyncio import Redis
+from redis.exceptions import RedisError, WatchError
 
 from gateway.errors import APIError
-from shared.streams import API_KEYS_KEY
+from shared.knobs import MAX_WRITE_ATTEMPTS
+from shared.slo import read_slo_classes
+from shared.streams import API_KEYS_KEY, SLO_CLASSES_KEY
 
 KEY_PREFIX = "sk-si-"
 MAX_KEY_CHARS = 256  # ours are 49; a longer token is never looked up
@@ -60,17 +63,33 @@ def _hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+class UnknownSloClassError(ValueError):
+    """A key names an SLO class that is not stored."""
+
+
 async def create_api_key(
     redis: Redis, tenant: str, slo_class: str | None, min_priority: int = 0
 ) -> tuple[str, ApiKey]:
+    """Store a new key; one naming an SLO class is stored only while that class is (the
+    classes are watched: a replacement that removes it meanwhile retries the check), else
+    :class:`UnknownSloClassError`."""
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     digest = _hash(key)
     record = {"tenant": tenant, "slo": slo_class, "prio": min_priority}
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.hset(API_KEYS_KEY, digest, msgpack.packb(record))
-        pipe.incr(API_KEYS_VERSION_KEY)
-        await pipe.execute()
-    return key, ApiKey(digest[:KEY_ID_CHARS], tenant, slo_class, min_priority)
+        for _ in range(MAX_WRITE_ATTEMPTS):
+            try:
+                await pipe.watch(SLO_CLASSES_KEY)
+                if slo_class is not None and slo_class not in (await read_slo_classes(pipe))[0]:
+                    raise UnknownSloClassError(f"unknown SLO class {slo_class!r}")
+                pipe.multi()
+                pipe.hset(API_KEYS_KEY, digest, msgpack.packb(record))
+                pipe.incr(API_KEYS_VERSION_KEY)
+                await pipe.execute()
+                return key, ApiKey(digest[:KEY_ID_CHARS], tenant, slo_class, min_priority)
+            except WatchError:
+                continue
+    raise RedisError(f"the SLO classes changed under {MAX_WRITE_ATTEMPTS} attempts to add a key")
 
 
 def is_key_id(text: str) -> bool:

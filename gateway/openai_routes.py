@@ -33,7 +33,7 @@ from gateway.openai_models import ChatCompletionRequest, CompletionRequest, Samp
 from gateway.sampling import check_choices, generation_params, refuse_uncompilable
 from gateway.sse import ChunkBuilder, ChunkFormat, SseResponse
 from gateway.state import GatewayState
-from gateway.tenancy import admit, authenticate
+from gateway.tenancy import Caller, admit, authenticate
 from gateway.tokenize_routes import router as tokenize_router
 from gateway.tools import ToolPlan, ToolStream, assistant_message, plan_tools, template_tools
 from gateway.unsupported import reject_unsupported
@@ -194,17 +194,18 @@ async def admit_and_start(
     id_prefix: str,
     tool_structured: StructuredOutput | None = None,
     prefer_worker: str | None = None,
+    caller: Caller | None = None,
 ) -> list[Choice]:
     """Everything before the first token, in order: fields we do not serve, the caller (its
-    key before anything costly), the prompts, the parameters, routing (to ``prefer_worker``
-    where it can take the request, else by ``prompt_cache_key``'s worker, else the least
-    lagging) and submit. A refusal on the way is counted (``superinfer:requests_rejected`` by
-    status) and answered."""
+    key before anything costly, unless the route gives it), the prompts, the parameters,
+    routing (to ``prefer_worker`` where it can take the request, else by ``prompt_cache_key``'s
+    worker, else the least lagging) and submit. A refusal on the way is counted
+    (``superinfer:requests_rejected`` by status) and answered."""
     try:
         try:
             reject_unsupported(body)
             check_choices(body)
-            caller = await admit(state, request, body)
+            caller = await admit(state, request, body, caller)
         except BaseException:
             prompts.close()  # never awaited: the refusal came first
             raise

@@ -77,7 +77,7 @@ async def _create(
     prompts = chat_prompt(state, chat, tools)
     (choice,) = await admit_and_start(
         state, request, chat, prompts, chat.max_completion_tokens, "resp_", plan.structured,
-        prefer_worker=conversation.worker_id,
+        prefer_worker=conversation.worker_id, caller=caller,
     )  # fmt: skip
     head = response_head(body, choice.generation.request_id, int(time.time()))
     head |= {"model": state.model_name, "store": store}

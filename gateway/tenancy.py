@@ -84,10 +84,14 @@ def _default_class(state: GatewayState) -> SloClass:
     return default if default is not None else next(iter(classes.values()))
 
 
-async def admit(state: GatewayState, request: Request, body: SamplingFields) -> Caller:
+async def admit(
+    state: GatewayState, request: Request, body: SamplingFields, caller: Caller | None = None
+) -> Caller:
     """The caller of a generation request, checked before anything costly is done for it: its
-    key, then the model it names (404 for another)."""
-    caller = await authenticate(state, request)
+    key (unless the route authenticated it already: ``caller``), then the model it names (404
+    for another)."""
+    if caller is None:
+        caller = await authenticate(state, request)
     if body.model is not None and body.model != state.model_name:
         name = body.model if len(body.model) <= 200 else f"{body.model[:200]}..."
         raise APIError(404, f"the model {name!r} does not exist", "model", "model_not_found")

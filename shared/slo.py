@@ -10,6 +10,7 @@ from typing import Any
 
 import msgpack
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
 from shared.streams import SLO_CLASSES_KEY
 
@@ -90,15 +91,27 @@ async def read_slo_classes(redis: Redis) -> tuple[dict[str, SloClass], int]:
         return dict(DEFAULT_SLO_CLASSES), version  # never written by us: keep serving
 
 
-async def write_slo_classes(redis: Redis, raw: dict[str, Any]) -> tuple[dict[str, SloClass], int]:
-    """Replace the classes with ``raw`` after validation; a bad value raises ValueError and
-    nothing is written."""
+def packed_slo_classes(raw: dict[str, Any]) -> tuple[dict[str, SloClass], list[str | bytes]]:
+    """Validated classes and the arguments that write them (:func:`queue_slo_classes_write`);
+    a bad value raises ValueError."""
     classes = slo_classes_from_mapping(raw)
     packed = {
         c.name: msgpack.packb({"ttft_s": float(c.ttft_s), "tbt_s": float(c.tbt_s)})
         for c in classes.values()
     }
-    args = [part for name, spec in packed.items() for part in (name, spec)]
+    return classes, [part for name, spec in packed.items() for part in (name, spec)]
+
+
+def queue_slo_classes_write(pipe: Pipeline, args: list[str | bytes]) -> None:
+    """Queue the replacement of every class by ``args`` (from :func:`packed_slo_classes`) in a
+    transaction; its result is the new version."""
+    pipe.eval(_REPLACE_CLASSES, 1, SLO_CLASSES_KEY, *args)
+
+
+async def write_slo_classes(redis: Redis, raw: dict[str, Any]) -> tuple[dict[str, SloClass], int]:
+    """Replace the classes with ``raw`` after validation; a bad value raises ValueError and
+    nothing is written."""
+    classes, args = packed_slo_classes(raw)
     version = await redis.eval(_REPLACE_CLASSES, 1, SLO_CLASSES_KEY, *args)
     return classes, int(version)
 

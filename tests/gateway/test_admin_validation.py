@@ -1,7 +1,8 @@
 """The admin API against wrong-typed and absurd bodies, on the gateway app in process over the
 test Redis: each is a 422 (a body that is not JSON at all a 400) and changes nothing, never a
 500; absurd knobs are 422; removing an SLO class that keys use is a 409 naming them unless
-forced (then the reply says where they are served); a key is deleted by its whole id only."""
+forced (then the reply says where they are served), also when a key or class changes between
+the check and the write; a key is deleted by its whole id only."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
+from gateway import admin as admin_module
+from gateway import auth
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from gateway.tenancy import Caller, served_class
+from shared.slo import SloClass, read_slo_classes, write_slo_classes
 from tests.redis_support import redis_url
 
 ADMIN = "test-admin-token"
@@ -183,6 +187,58 @@ async def test_removing_the_default_class_that_classless_keys_use_is_409(
     refused = await admin.put("/admin/v1/slo-classes", json=without_default)
     assert refused.status_code == 409, refused.text
     assert created.json()["key_id"] in refused.json()["error"]["message"]
+
+
+async def test_a_key_made_while_classes_are_replaced_is_seen(
+    admin: httpx.AsyncClient, redis_client: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key naming a class is created (another gateway, a real Redis write) after the check
+    read the keys and before the classes are written: the write retries and refuses."""
+    assert (await admin.put("/admin/v1/slo-classes", json={**DEFAULTS, "gold": GOLD})).is_success
+    made: list[str] = []
+
+    async def keys_then_a_new_one(redis: Redis) -> dict[str | None, list[str]]:
+        found = await auth.keys_by_class(redis)
+        if not made:
+            made.append((await auth.create_api_key(redis_client, "late", "gold"))[1].key_id)
+        return found
+
+    monkeypatch.setattr(admin_module, "keys_by_class", keys_then_a_new_one)
+    refused = await admin.put("/admin/v1/slo-classes", json=DEFAULTS)
+    assert refused.status_code == 409, refused.text
+    assert made[0] in refused.json()["error"]["message"]
+    assert "gold" in (await admin.get("/admin/v1/slo-classes")).json()["classes"]
+
+
+async def test_a_key_for_a_class_removed_meanwhile_is_refused(
+    admin: httpx.AsyncClient, redis_client: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The class a key names is removed after the key's check read it: the key is not kept."""
+    assert (await admin.put("/admin/v1/slo-classes", json={**DEFAULTS, "gold": GOLD})).is_success
+    removed: list[bool] = []
+
+    async def classes_then_removed(redis: Redis) -> tuple[dict[str, SloClass], int]:
+        found = await read_slo_classes(redis)
+        if not removed:
+            removed.append(True)
+            await write_slo_classes(redis_client, DEFAULTS)
+        return found
+
+    monkeypatch.setattr(auth, "read_slo_classes", classes_then_removed)
+    refused = await admin.post("/admin/v1/api-keys", json={"tenant": "t", "slo_class": "gold"})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["param"] == "slo_class"
+    assert not await auth.keys_by_class(redis_client)
+
+
+async def test_a_key_may_name_a_class_another_gateway_just_added(
+    admin: httpx.AsyncClient, redis_client: Redis
+) -> None:
+    """The class check reads Redis, not this gateway's cached classes."""
+    await admin.get("/admin/v1/slo-classes")
+    await write_slo_classes(redis_client, {**DEFAULTS, "gold": GOLD})
+    created = await admin.post("/admin/v1/api-keys", json={"tenant": "t", "slo_class": "gold"})
+    assert created.status_code == 200, created.text
 
 
 async def test_a_key_is_deleted_by_its_whole_id_only(admin: httpx.AsyncClient) -> None:
