@@ -2,9 +2,9 @@
 one Redis key per response holding its input items, its response object, the response it
 continued and the API key that made it, expiring after ``responses_ttl_s``.
 
-A conversation is the chain of its responses: each stores only its own input and output, and a
-continuation walks back through ``previous`` (at most ``MAX_CHAIN`` responses), so a long
-conversation costs its length once, not once per turn. Saving a continuation gives every
+A conversation is the chain of its responses: each stores only its own input and output and the
+ids of the responses it continues (at most ``MAX_CHAIN``), so a continuation reads its whole
+chain in two round trips and a long conversation's text is stored once, not once per turn. Saving a continuation gives every
 response of its chain the full TTL again, in the same transaction: a response that can be read
 can be continued (each kept its own TTL before, so a conversation broke an hour after its first
 turn however recently it was used). Deleting a response ends the conversations through it: a
@@ -61,6 +61,7 @@ class ResponseStore:
             "input": input_items,
             "response": response,
             "worker": worker_id,
+            "chain": chain_ids,  # what it continues, newest first: read in one round trip
         }
         ttl_ms = int(self.ttl_s * 1000)
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -72,12 +73,7 @@ class ResponseStore:
     async def load(self, response_id: str, owner: str | None) -> dict[str, Any]:
         """The stored record; 404 when there is none for this caller."""
         raw = await _redis(self.redis.get(streams.response_key(response_id)))
-        record = json.loads(raw) if raw is not None else None
-        if record is None or record.get("owner") != (owner or ""):
-            raise APIError(
-                404, f"no stored response {response_id[:64]!r}", "response_id", "not_found"
-            )
-        return dict(record)
+        return _owned(response_id, raw, owner)
 
     async def delete(self, response_id: str, owner: str | None) -> None:
         await self.load(response_id, owner)  # 404 for another caller's
@@ -85,32 +81,53 @@ class ResponseStore:
 
     async def history(self, response_id: str, owner: str | None) -> Conversation:
         """The conversation up to and including ``response_id``; 404 (``previous_response_id``)
-        when a link is missing, naming it."""
-        chain: list[dict[str, Any]] = []
-        chain_ids: list[str] = []
-        next_id: str | None = response_id
-        while next_id is not None:
-            if len(chain) >= MAX_CHAIN:
+        when a link is missing, naming it. Two round trips: the newest record names its chain."""
+        try:
+            newest = await self.load(response_id, owner)
+            chain_ids = [response_id, *await self._older_ids(newest, owner)]
+            if len(chain_ids) > MAX_CHAIN:
                 raise APIError(
                     400,
                     f"the conversation is longer than {MAX_CHAIN} stored responses",
                     param="previous_response_id",
                 )
-            try:
-                record = await self.load(next_id, owner)
-            except APIError as exc:
-                exc.param = "previous_response_id"
-                if next_id != response_id:
+            keys = [streams.response_key(i) for i in chain_ids[1:]]
+            raws = await _redis(self.redis.mget(keys)) if keys else []
+            chain = [newest]
+            for older_id, raw in zip(chain_ids[1:], raws, strict=True):
+                try:
+                    chain.append(_owned(older_id, raw, owner))
+                except APIError as exc:
                     exc.message += f" (an earlier turn of {response_id[:64]!r}: deleted or expired)"
-                raise
-            chain.append(record)
-            chain_ids.append(next_id)
-            next_id = record.get("previous")
+                    raise
+        except APIError as exc:
+            exc.param = "previous_response_id"
+            raise
         items: list[Any] = []
         for record in reversed(chain):
             items.extend(record["input"])
             items.extend(record["response"].get("output", []))
-        return Conversation(items, chain_ids, chain[0].get("worker"))
+        return Conversation(items, chain_ids, newest.get("worker"))
+
+    async def _older_ids(self, record: dict[str, Any], owner: str | None) -> list[str]:
+        """The ids ``record`` continues, newest first: as it names them, or walked through
+        ``previous`` for a record stored before records named their chain."""
+        if "chain" in record:
+            return list(record["chain"])
+        older_ids: list[str] = []
+        while (previous := record.get("previous")) is not None and len(older_ids) < MAX_CHAIN:
+            older_ids.append(previous)
+            raw = await _redis(self.redis.get(streams.response_key(previous)))
+            record = json.loads(raw) if raw is not None else {}
+        return older_ids
+
+
+def _owned(response_id: str, raw: bytes | str | None, owner: str | None) -> dict[str, Any]:
+    """The record ``raw`` of ``response_id`` when ``owner`` stored it; else 404."""
+    record = json.loads(raw) if raw is not None else None
+    if record is None or record.get("owner") != (owner or ""):
+        raise APIError(404, f"no stored response {response_id[:64]!r}", "response_id", "not_found")
+    return dict(record)
 
 
 async def _redis(call: Any) -> Any:

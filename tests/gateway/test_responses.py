@@ -258,6 +258,34 @@ def test_a_conversation_lives_as_long_as_its_newest_turn(served: Served, client:
     assert "an earlier turn" in str(missing.value)
 
 
+def test_a_third_turn_carries_both_earlier_ones(served: Served, client: OpenAI) -> None:
+    """Each record names the chain it continues; one stored before records did (no
+    ``chain``) is walked through ``previous``: the same prompt either way."""
+    turns = ["Lily", "Then", "And"]
+    previous: Any = None
+    history: list[dict[str, str]] = []
+    for text in turns:
+        previous = client.responses.create(
+            model=MODEL, input=text, previous_response_id=previous and previous.id,
+            temperature=0, max_output_tokens=3,
+        )  # fmt: skip
+        history += [{"role": "user", "content": text},
+                    {"role": "assistant", "content": previous.output_text}]  # fmt: skip
+    next_turn = [*history, {"role": "user", "content": "So"}]
+    expected = _chat(client, next_turn).usage.prompt_tokens
+    store = redis.Redis.from_url(served.redis_url)
+    key = streams.response_key(previous.id)
+    for strip in (False, True):
+        if strip:  # as stored before records named their chain
+            record = json.loads(store.get(key) or b"{}")
+            del record["chain"]
+            store.set(key, json.dumps(record), keepttl=True)
+        last = client.responses.create(
+            model=MODEL, input="So", previous_response_id=previous.id, max_output_tokens=1
+        )
+        assert last.usage is not None and last.usage.input_tokens == expected, strip
+
+
 def test_the_stream_ends_as_openais_and_done_carries_the_logprobs(served: Served) -> None:
     body = {
         "model": MODEL, "input": "Lily", "max_output_tokens": 3, "stream": True,
