@@ -5,13 +5,13 @@ continued and the API key that made it, expiring after ``responses_ttl_s``.
 A conversation is the chain of its responses: each stores only its own input and output and the
 ids of the responses it continues (at most ``MAX_CHAIN``), so a continuation reads its whole
 chain in two round trips and a long conversation's text is stored once, not once per turn.
-Saving a continuation gives every response of its chain the full TTL again, in the same transaction: a response that can be read
-can be continued (each kept its own TTL before, so a conversation broke an hour after its first
-turn however recently it was used). Deleting a response ends the conversations through it: a
-later turn's continuation is a 404 naming the missing one. Only the API key that stored a
-response reads, continues or deletes it (another key gets 404, as for a response that never
-was). A record also names the worker that served it: the next turn prefers it, where its
-prefix cache holds the conversation."""
+Saving a continuation gives every response of its chain the full TTL again, in the same
+transaction: a response that can be read can be continued (each kept its own TTL before, so a
+conversation broke an hour after its first turn however recently it was used). Deleting a
+response ends the conversations through it: a later turn's continuation is a 404 naming the
+missing one. Only the API key that stored a response reads, continues or deletes it (another key
+gets 404, as for a response that never was). A record also names the worker that served it: the
+next turn prefers it, where its prefix cache holds the conversation."""
 
 from __future__ import annotations
 
