@@ -36,7 +36,7 @@ from gateway.state import GatewayState
 from shared import streams
 from shared.knobs import MAX_WRITE_ATTEMPTS, KnobError, knobs_to_json, read_knobs, write_knobs
 from shared.policy import kv_usage
-from shared.slo import packed_slo_classes, queue_slo_classes_write, read_slo_classes
+from shared.slo import queue_slo_classes_write, read_slo_classes, slo_classes_write_args
 from shared.streams import API_KEYS_KEY
 
 
@@ -94,7 +94,7 @@ async def put_slo_classes(
     specs = validated(SLO_CLASSES, body, "slo_classes")
     raw = {name: spec.model_dump() for name, spec in specs.items()}
     try:
-        classes, args = packed_slo_classes(raw)
+        classes, args = slo_classes_write_args(raw)
     except ValueError as exc:
         raise APIError(422, str(exc), param="slo_classes", code="invalid_slo_class") from exc
     version, stranded = await _replace_classes(state, set(classes), args, force)

@@ -91,7 +91,7 @@ async def read_slo_classes(redis: Redis) -> tuple[dict[str, SloClass], int]:
         return dict(DEFAULT_SLO_CLASSES), version  # never written by us: keep serving
 
 
-def packed_slo_classes(raw: dict[str, Any]) -> tuple[dict[str, SloClass], list[str | bytes]]:
+def slo_classes_write_args(raw: dict[str, Any]) -> tuple[dict[str, SloClass], list[str | bytes]]:
     """Validated classes and the arguments that write them (:func:`queue_slo_classes_write`);
     a bad value raises ValueError."""
     classes = slo_classes_from_mapping(raw)
@@ -103,7 +103,7 @@ def packed_slo_classes(raw: dict[str, Any]) -> tuple[dict[str, SloClass], list[s
 
 
 def queue_slo_classes_write(pipe: Pipeline, args: list[str | bytes]) -> None:
-    """Queue the replacement of every class by ``args`` (from :func:`packed_slo_classes`) in a
+    """Queue the replacement of every class by ``args`` (from :func:`slo_classes_write_args`) in a
     transaction; its result is the new version."""
     pipe.eval(_REPLACE_CLASSES, 1, SLO_CLASSES_KEY, *args)
 
@@ -111,7 +111,7 @@ def queue_slo_classes_write(pipe: Pipeline, args: list[str | bytes]) -> None:
 async def write_slo_classes(redis: Redis, raw: dict[str, Any]) -> tuple[dict[str, SloClass], int]:
     """Replace the classes with ``raw`` after validation; a bad value raises ValueError and
     nothing is written."""
-    classes, args = packed_slo_classes(raw)
+    classes, args = slo_classes_write_args(raw)
     version = await redis.eval(_REPLACE_CLASSES, 1, SLO_CLASSES_KEY, *args)
     return classes, int(version)
 

@@ -304,7 +304,7 @@ class Engine:
         for request_id in plan.rotate_out_ids:
             request = self._expect(request_id, RequestState.RUNNING)
             num_copying = self.kv.rotate_out(request_id)
-            if num_copying is None:  # no room in DRAM: recompute instead
+            if num_copying is None:  # no room in DRAM, or still loading: recompute instead
                 self._preempt(request)
                 continue
             self.running.remove(request)

@@ -270,12 +270,15 @@ class KVCacheManager(BlockTables):
     def rotate_out(self, request_id: str) -> int | None:
         """Park the request's KV in DRAM: returns how many blocks are still being copied out
         (0: parked now; else :meth:`poll` reports it ``PARKED``), None when it cannot (no
-        DRAM tier, or no room)."""
+        DRAM tier, no room, or its KV is still being copied in: those loads target HBM blocks
+        that parking would free for another request)."""
         if not self.has_dram:
             return None
         table = self.tables.get(request_id)
         if table is None:
             table = self.tables[request_id] = BlockTable()
+        if table.num_pending_h2d:
+            return None
         needed = sum(
             1 for i, d in enumerate(table.dram_ids) if d is None and table.sync[i] != SYNCED
         )
@@ -314,7 +317,7 @@ class KVCacheManager(BlockTables):
             table.hbm_ids[index] = hbm_id
             table.num_hbm += 1
             self._copies.queue(Move(LOAD, request_id, index, hbm_id, dram_id, table))
-        table.num_pending_h2d = len(missing)
+        table.num_pending_h2d += len(missing)
         return len(missing)
 
     def free(self, request_id: str) -> None:

@@ -31,11 +31,12 @@ def fit_plan(
     by their handle ``arrival_seq``, still there in the right state, each at most once), and
     this iteration's batch packed over the resulting running set.
 
-    Victims DRAM has no room for stay running. Resumes and admissions are then decided as
-    LVF decides them (``shared.policy.joining.join_and_pack``): within the HBM room left
-    after the running requests' growth and the blocks the victims free, within the seats,
-    a waiting request only if its whole KV fits and it gets a chunk, nobody after a
-    recompute preemption. The plan's order (resumes, then admissions) is the rank order.
+    Victims DRAM has no room for, or whose KV is still being copied in, stay running.
+    Resumes and admissions are then decided as LVF decides them
+    (``shared.policy.joining.join_and_pack``): within the HBM room left after the running
+    requests' growth and the blocks the victims free, within the seats, a waiting request
+    only if its whole KV fits and it gets a chunk, nobody after a recompute preemption. The
+    plan's order (resumes, then admissions) is the rank order.
     """
     if isinstance(snapshot, Snapshot):
         snapshot = columnar_from_snapshot(snapshot)
@@ -55,6 +56,7 @@ def fit_plan(
 
     preempt = valid(preempt_seqs, RequestState.RUNNING)
     rotate_out = valid(rotate_out_seqs, RequestState.RUNNING)
+    rotate_out = rotate_out[columns.resident[rotate_out]]
     chosen = np.concatenate(
         (valid(resume_seqs, RequestState.ROTARY), valid(admit_seqs, RequestState.WAITING))
     )

@@ -112,7 +112,8 @@ def _schedule_running(
 
 
 def _swap_instead_of_recompute(snapshot: Snapshot, plan: Plan) -> None:
-    """V0 swap mode: victims with KV go to DRAM while it has room for their unsynced blocks.
+    """V0 swap mode: victims with KV go to DRAM while it has room for their unsynced blocks
+    (a victim whose KV is still being copied in is recomputed: V0 never preempts mid-swap-in).
     The engine drops a victim's synced HBM blocks at once and frees the others when their D2H
     copy completes; this plan counts none of them: the batch is re-packed with only the
     recompute victims' blocks freed (a request that needed the rest waits a step)."""
@@ -122,7 +123,7 @@ def _swap_instead_of_recompute(snapshot: Snapshot, plan: Plan) -> None:
     for request_id in plan.preempt_ids:
         view = views[request_id]
         dram_needed = max(0, view.num_blocks_hbm - view.num_blocks_dram)
-        if view.num_computed_tokens > 0 and dram_needed <= free_dram:
+        if view.resident and view.num_computed_tokens > 0 and dram_needed <= free_dram:
             plan.rotate_out_ids.append(request_id)
             free_dram -= dram_needed
         else:

@@ -87,6 +87,14 @@ def test_a_victim_dram_cannot_hold_stays_running() -> None:
     assert plan.rotate_out_ids == [] and ids(plan.schedule) == ["run-a"]
 
 
+def test_a_victim_still_loading_stays_running() -> None:
+    """Its KV is being copied in (a stale plan named it): parking it would free the HBM
+    blocks its loads target, so it stays until resident."""
+    loading = running("run-a", t_run=1.0, blocks=4, dram=4, resident=False, seq=1)
+    plan = fit_plan(snap(loading, free=10, dram=10), [], [], [1], [])
+    assert plan.rotate_out_ids == [] and plan.preempt_ids == []
+
+
 def test_stale_unknown_and_repeated_handles_are_dropped() -> None:
     snapshot = snap(
         running("run-a", t_run=1.0, seq=10),

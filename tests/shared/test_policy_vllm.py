@@ -263,6 +263,14 @@ def test_swap_recomputes_when_dram_is_full() -> None:
     assert plan.rotate_out_ids == ["b"]  # all of b's blocks are in DRAM already
 
 
+def test_swap_recomputes_a_victim_still_swapping_in() -> None:
+    """V0 never preempts mid-swap-in: a victim whose KV is still being copied in (just
+    resumed: last in running order) is recomputed, not parked."""
+    views = [decode("a", full=True, seq=0), decode("b", seq=1, dram=1, resident=False)]
+    plan = make_plan(snap(*views, free=0, dram=10), SWAP)
+    assert plan.preempt_ids == ["b"] and plan.rotate_out_ids == []
+
+
 def test_swap_resumes_swapped_first_and_admits_nobody_meanwhile() -> None:
     views = [waiting("w", seq=0), rotary("r2", seq=2), rotary("r1", seq=1), decode("d", seq=3)]
     plan = make_plan(snap(*views, free=10), SWAP)
