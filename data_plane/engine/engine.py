@@ -51,8 +51,8 @@ class EngineStats:
     num_preemptions: int = 0
     num_rotations_out: int = 0
     num_rotations_in: int = 0
-    # plan chunks that found no blocks: 0 without prefix caching; with it the plan's free
-    # count includes cached blocks another request may take first (admitted: back to waiting)
+    # plan chunks that found no blocks: 0 without prefix caching; with it a prefix taken this
+    # step holds evictable blocks the plan counted free (an admitted one goes back to waiting)
     num_skipped_chunks: int = 0
     num_generated_tokens: int = 0
     model_time_s: float = 0.0
