@@ -86,7 +86,8 @@ class Worker:
         self.epoch = planner.epoch
         self.model_name = model_display_name(settings.model)
         self.intake = Intake(redis, settings.worker_id, settings.read_batch)
-        self.limits = Limits.for_prompts(engine.max_model_len)  # the largest legal request
+        # the largest legal request
+        self.limits = Limits.for_prompts(engine.max_model_len, engine.vocab_size or 0)
         self.gateways = GatewayWatch(settings.gateway_dead_s, settings.gateway_forget_s)
         self.grammars = PendingGrammars(engine.compile_grammar, engine.grammar_ready)
         self.plans_stream = streams.worker_plans_stream(settings.worker_id)

@@ -148,7 +148,8 @@ def validation_error_response(errors: list[Any]) -> JSONResponse:
         return JSONResponse(error_body(400, message), status_code=400)
     param = ".".join(_field_loc(first)) or None
     message = f"{param or 'body'}: {first.get('msg', 'invalid request')}"
-    if first.get("type") == "extra_forbidden":
+    if first.get("type") == "extra_forbidden":  # inside a union member too: its whole path
+        param = ".".join(_field_loc(first, past_tags=True)) or None
         message = f"'{param}' is not a field of this request (unknown fields are refused)"
     return JSONResponse(error_body(400, message, param), status_code=400)
 
@@ -169,11 +170,14 @@ def _any_of(errors: list[dict[str, Any]]) -> str:
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
-def _field_loc(error: dict[str, Any]) -> list[str]:
-    """The path of ``error``'s field: its location up to a union member's tag, no "body"."""
+def _field_loc(error: dict[str, Any], past_tags: bool = False) -> list[str]:
+    """The path of ``error``'s field: its location up to a union member's tag (or with the
+    tags left out: ``past_tags``), no "body"."""
     loc: list[str] = []
     for part in error.get("loc", ()):
         if isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or "-" in part):
+            if past_tags:
+                continue
             break  # a union member's tag: the field is what came before
         if part != "body":
             loc.append(str(part)[:_MAX_PARAM_CHARS])

@@ -104,6 +104,8 @@ class SamplingFields(BaseModel):
 
 
 class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     type: Literal["text"]
     text: str
 
@@ -136,7 +138,7 @@ class ChatMessage(BaseModel):
             return self.refusal or ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "\n".join(part.text for part in self.content)  # vLLM's join of text parts
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -49,7 +49,7 @@ class PromptEncoder:
         num_chars = sum(len(p) for p in prompt if isinstance(p, str))
         self._check_chars(num_chars, "prompt")
         for ids in (p for p in prompt if not isinstance(p, str)):
-            self._check_ids(ids, "prompt")
+            self.check_ids(ids, "prompt")
         texts = [p for p in prompt if isinstance(p, str)]
         encoded = iter(await self._off_loop(num_chars, self._encode_all, texts) if texts else [])
         return [next(encoded) if isinstance(p, str) else list(p) for p in prompt]
@@ -115,7 +115,7 @@ class PromptEncoder:
 
     def _decode(self, token_ids: list[int], each: bool) -> list[str]:
         tokenizer = self.tokenizer
-        self._check_ids(token_ids, "tokens")  # a tokenizer drops what it does not know
+        self.check_ids(token_ids, "tokens")  # a tokenizer drops what it does not know
         try:
             pieces = [tokenizer.token_piece(t) for t in token_ids] if each else []
             return [tokenizer.decode(token_ids), *pieces]
@@ -123,7 +123,7 @@ class PromptEncoder:
             message = f"tokens: not ids of this tokenizer ({exc})"[:200]
             raise APIError(400, message, param="tokens") from exc
 
-    def _check_ids(self, token_ids: list[int], param: str) -> None:
+    def check_ids(self, token_ids: list[int], param: str) -> None:
         """400 naming ``param`` for an id the tokenizer does not know (min/max: C speed)."""
         known = self.tokenizer.vocab_size
         if token_ids and (min(token_ids) < 0 or max(token_ids) >= known):

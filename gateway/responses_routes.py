@@ -86,7 +86,8 @@ async def _create(
         return _streamed(state, choice, plan, head, saver, bool(chat.logprobs))
     await collect([choice], request)
     content, calls = split_output(plan, choice.text, choice.generation.finish_reason)
-    reason = "tool_calls" if calls else choice.generation.finish_reason
+    reason = choice.generation.finish_reason
+    reason = "tool_calls" if calls and reason != "length" else reason
     status = status_of(reason)
     logprobs = choice.chat_logprobs(state.prompts.token_text)["content"] if chat.logprobs else None
     output = [message_item(content, logprobs, status)] if content or not calls else []
@@ -216,7 +217,8 @@ def _streamed(
                 for event in stream.text(text, delta.token_ids, delta.logprobs):
                     yield event
                 if delta.finish_reason:
-                    reason = "tool_calls" if calls else delta.finish_reason
+                    reason = delta.finish_reason
+                    reason = "tool_calls" if calls and reason != "length" else reason
                     for event in stream.finish(reason, calls):
                         yield event
                     response = finished(head, stream.output, reason, usage([choice]))

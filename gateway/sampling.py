@@ -16,6 +16,7 @@ from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from gateway.tenancy import Caller, served_class, served_priority
 from shared.grammar import grammar_problem
+from shared.protocol.limits import MAX_SPEC_BYTES
 from shared.sampling import SamplingParams, StructuredOutput
 
 
@@ -37,10 +38,13 @@ def generation_params(
     if max_model_len is None:
         retry = {"Retry-After": str(state.settings.retry_after_s)}
         raise APIError(503, "no data-plane worker is available", code="no_worker", headers=retry)
+    sampling = sampling_params(body, _max_tokens(max_tokens, len(prompt_ids), max_model_len),
+                               state.settings, tool_structured)  # fmt: skip
+    state.prompts.check_ids(list(sampling.logit_bias_ids), "logit_bias")
+    state.prompts.check_ids(list(sampling.stop_token_ids), "stop_token_ids")
     return GenerationParams(
         prompt_token_ids=prompt_ids,
-        sampling=sampling_params(body, _max_tokens(max_tokens, len(prompt_ids), max_model_len),
-                                 state.settings, tool_structured),
+        sampling=sampling,
         slo=slo,
         priority=served_priority(caller, body.priority),
         tenant=caller.tenant,
@@ -71,8 +75,8 @@ def _max_tokens(requested: int | None, num_prompt: int, max_model_len: int) -> i
 
 def _logit_bias(bias: dict[str, object] | None) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """OpenAI's logit_bias (token id as a string -> a bias in [-100, 100]) as the two tuples
-    of :class:`SamplingParams`; 400 naming ``logit_bias`` otherwise (ids past the vocabulary
-    are the worker's 400)."""
+    of :class:`SamplingParams`; 400 naming ``logit_bias`` otherwise (ids past the vocabulary:
+    :func:`generation_params`)."""
     ids: list[int] = []
     values: list[float] = []
     for key, value in (bias or {}).items():
@@ -130,8 +134,18 @@ def structured_output(body: SamplingFields) -> StructuredOutput | None:
     return found[0] if found else None
 
 
+_FORMAT_KEYS = {"type", "json_schema"}
+_JSON_SCHEMA_KEYS = {"name", "schema", "strict", "description"}
+
+
 def _response_format(fmt: object) -> list[StructuredOutput]:
     kind = fmt.get("type") if isinstance(fmt, dict) else None
+    spec = fmt.get("json_schema") if isinstance(fmt, dict) else None
+    for where, given, known in (("", fmt, _FORMAT_KEYS), (".json_schema", spec, _JSON_SCHEMA_KEYS)):
+        unknown = sorted(set(given) - known) if isinstance(given, dict) else []
+        if unknown:
+            param = f"response_format{where}.{unknown[0][:64]}"
+            raise APIError(400, f"'{param}' is not a field", param=param)
     if kind == "text":
         return []
     if kind == "json_object":
@@ -176,10 +190,15 @@ async def refuse_uncompilable(
     cached: most builds take well under a millisecond)."""
     if structured is None:
         return
+    param = "tools" if from_tools else _structured_param(body)
+    num_bytes = len(structured.spec.encode())
+    if num_bytes > MAX_SPEC_BYTES:
+        message = f"the structured output is {num_bytes} bytes as JSON; at most {MAX_SPEC_BYTES}"
+        raise APIError(400, message, param=param)
     loop = asyncio.get_running_loop()
     problem = await loop.run_in_executor(state.grammar_thread, grammar_problem, structured)
     if problem is not None:
-        raise APIError(400, problem, param="tools" if from_tools else _structured_param(body))
+        raise APIError(400, problem, param=param)
 
 
 def _structured_param(body: SamplingFields) -> str:
@@ -248,7 +267,7 @@ def sampling_params(
             top_k=None if body.top_k in (None, -1, 0) else body.top_k,
             seed=body.seed,
             stop=tuple(stop),
-            stop_token_ids=tuple(body.stop_token_ids or ()),
+            stop_token_ids=tuple(dict.fromkeys(body.stop_token_ids or ())),  # once each
             ignore_eos=body.ignore_eos,
             min_tokens=body.min_tokens,
             min_p=body.min_p or 0.0,

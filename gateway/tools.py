@@ -19,6 +19,7 @@ a named function) and ``parallel_tool_calls``.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,10 +124,19 @@ def _function(tool: Any, index: int) -> dict[str, Any]:
     ):
         raise APIError(
             400,
-            "a tool is {type: function, function: {name, description?, parameters?}}",
+            "a tool is {type: function, function: {name, description?, parameters?, strict?}}",
             param=f"tools.{index}",
         )
+    for where, given, known in (("", tool, _TOOL_KEYS), (".function", function, _FUNCTION_KEYS)):
+        unknown = sorted(set(given) - known)
+        if unknown:
+            param = f"tools.{index}{where}.{unknown[0][:64]}"
+            raise APIError(400, f"'{param}' is not a field", param=param)
     return function
+
+
+_TOOL_KEYS = frozenset({"type", "function"})
+_FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
 
 
 def _named(choice: Any) -> str:
@@ -147,6 +157,33 @@ def _call_schema(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
         "required": ["name", "parameters"],
         "additionalProperties": False,
     }
+
+
+# A required call cut after its name: {"name": "...", "parameters": <as far as it came>
+_CUT_CALL = re.compile(
+    r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"parameters"\s*:\s*(.*)', re.S
+)
+
+
+def cut_calls(plan: ToolPlan, text: str) -> list[ToolCall]:
+    """The calls of an enforced output that max_tokens cut, as OpenAI returns a cut call: the
+    whole ones, then the last one's name with its arguments as far as they came (none when
+    its name was cut)."""
+    if plan.mode == "named" and plan.named is not None:
+        return [ToolCall(plan.named, text.strip())] if text.strip() else []
+    calls: list[ToolCall] = []
+    decoder, at = json.JSONDecoder(), text.find("[") + 1
+    while at > 0:
+        at = len(text) - len(text[at:].lstrip(" \n\t\r,"))
+        try:
+            call, at = decoder.raw_decode(text, at)
+            calls.append(ToolCall(call["name"], as_json(call["parameters"])))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            cut = _CUT_CALL.match(text, at)
+            if cut is not None:
+                calls.append(ToolCall(json.loads(cut[1]), cut[2]))
+            break
+    return calls
 
 
 def template_tools(body: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -201,7 +238,8 @@ def assistant_message(
     plan: ToolPlan, text: str, reason: str | None
 ) -> tuple[dict[str, Any], str | None]:
     """A whole choice's message and finish reason: its tool calls when the plan made or found
-    any, else its text. An enforced output cut by max_tokens stays text."""
+    any, else its text (an enforced output cut by max_tokens: the calls as far as they came,
+    finish reason ``length``)."""
     content, calls = split_output(plan, text, reason)
     message: dict[str, Any] = {
         "role": "assistant",
@@ -215,14 +253,16 @@ def assistant_message(
 
 def calls_finish_reason(plan: ToolPlan, reason: str | None) -> str | None:
     """``tool_calls``, or ``stop`` for a named function (OpenAI's and vLLM's: the caller chose
-    the call, the model did not)."""
-    return reason if plan.mode == "named" else "tool_calls"
+    the call, the model did not); ``length`` for calls cut by max_tokens."""
+    return reason if plan.mode == "named" or reason == "length" else "tool_calls"
 
 
 def split_output(plan: ToolPlan, text: str, reason: str | None) -> tuple[str, list[ToolCall]]:
-    if plan.mode in ("required", "named") and reason != "length":
+    """A choice's content and calls: an enforced output is all calls (cut by max_tokens: the
+    calls as far as they came, never the enforcing JSON as content)."""
+    if plan.mode in ("required", "named"):
         try:
-            return "", enforced_calls(plan, text)
+            return "", enforced_calls(plan, text) if reason != "length" else cut_calls(plan, text)
         except (json.JSONDecodeError, KeyError, TypeError):
             return text, []
     if plan.mode == "auto" and plan.parser is not None:

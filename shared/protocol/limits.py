@@ -23,9 +23,13 @@ from typing import Any
 import msgpack
 
 BYTES_PER_TOKEN = 5  # a token id < 2**32 packs in at most 5 bytes (uint32)
-OTHER_FIELDS_BYTES = 64 * 1024  # a message's fields beside its token list: ids, floats, ...
+BYTES_PER_BIAS = BYTES_PER_TOKEN + 9  # a logit_bias entry: its id and its value (float64)
+OTHER_FIELDS_BYTES = 64 * 1024  # a message's fields beside its token lists and spec: ids, ...
 OTHER_FIELDS_ITEMS = 1024
 MIN_TOKENS = 4096  # stop token ids and the like, even beside a short context
+# A structured output's spec (a JSON schema, the tools' schemas, a grammar, a choice list): the
+# gateway's default body size; a gateway refuses a longer one with a 400 naming its field.
+MAX_SPEC_BYTES = 1024 * 1024
 COUNTED_ABOVE_BYTES = 64 * 1024  # below: at most ~4.6 MB of objects, not worth counting
 # The largest messages the default bounds admit: a TokenOutputs batch (Replies splits a reply
 # stream's batch at MAX_OUTPUTS_PER_MESSAGE, ~12 items and ~100 bytes plus its error text
@@ -44,14 +48,21 @@ class Limits:
     max_str_len: int = 64 * 1024
 
     @classmethod
-    def for_prompts(cls, max_model_len: int) -> Limits:
-        """A worker's request stream: a SubmitRequest with a prompt of up to ``max_model_len``
-        tokens is the largest legal message."""
+    def for_prompts(cls, max_model_len: int, vocab_size: int = 0) -> Limits:
+        """A worker's request stream. The largest legal SubmitRequest: a prompt of
+        ``max_model_len`` tokens, a logit_bias and stop_token_ids over the whole vocabulary
+        (a gateway checks both against it and drops repeated stop ids), a spec of
+        ``MAX_SPEC_BYTES``."""
         tokens = max(max_model_len, MIN_TOKENS)
+        vocab = max(vocab_size, MIN_TOKENS)
         return cls(
-            max_bytes=tokens * BYTES_PER_TOKEN + OTHER_FIELDS_BYTES,
-            max_array_len=tokens,
-            max_items=2 * tokens + OTHER_FIELDS_ITEMS,
+            max_bytes=tokens * BYTES_PER_TOKEN
+            + vocab * (BYTES_PER_BIAS + BYTES_PER_TOKEN)
+            + OTHER_FIELDS_BYTES
+            + MAX_SPEC_BYTES,
+            max_array_len=max(tokens, vocab),
+            max_items=2 * tokens + 3 * vocab + OTHER_FIELDS_ITEMS,
+            max_str_len=MAX_SPEC_BYTES,
         )
 
 

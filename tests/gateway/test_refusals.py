@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import re
 
 import httpx
@@ -46,15 +47,16 @@ async def test_a_refused_batch_or_echo_leaves_the_queue_free(served: Served, sto
             assert [r.status_code for r in responses] == [200] * 3, responses[0].text
 
 
-async def test_worker_refusals_name_the_field(served: Served) -> None:
+async def test_refusals_name_the_field(served: Served) -> None:
     async with httpx.AsyncClient(base_url=served.url, timeout=60) as client:
         bodies = {
             "stop_token_ids": {**TINY, "stop_token_ids": [10**6]},
             "logit_bias": {**TINY, "logit_bias": {str(10**6): 5}},
             "min_tokens": {**TINY, "min_tokens": 9},
         }
-        for param, body in bodies.items():
-            response = await client.post("/v1/completions", json=body)
+        for (param, body), stream in itertools.product(bodies.items(), (False, True)):
+            # refused before a stream starts (it was a 200, then an error event)
+            response = await client.post("/v1/completions", json={**body, "stream": stream})
             assert response.status_code == 400, (param, response.text)
             assert response.json()["error"]["param"] == param, response.text
         chat = {"messages": [{"role": "user", "content": "Tim " * 2000}], "max_tokens": 1}

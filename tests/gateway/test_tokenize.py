@@ -36,6 +36,11 @@ def test_tokenize_chat_counts_what_a_chat_completion_prefills(served: Served) ->
     chat = {"messages": messages, "max_tokens": 1, "temperature": 0}
     usage = _post(served, "/v1/chat/completions", chat).json()["usage"]
     assert out["count"] == usage["prompt_tokens"]
+    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]
+    joined = [{"role": "user", "content": "Hello\nworld"}]  # vLLM joins text parts so
+    as_parts = _post(served, "/tokenize", {"messages": [{"role": "user", "content": parts}]})
+    as_text = _post(served, "/tokenize", {"messages": joined})
+    assert as_parts.json()["tokens"] == as_text.json()["tokens"]
 
 
 def test_bad_bodies_and_other_models_are_clear_errors(served: Served) -> None:

@@ -174,6 +174,11 @@ def test_bad_tool_choices_are_400s(served: Served, choice: Any, param: str) -> N
     bad_tool = {**body, "tool_choice": "required", "tools": [{"type": "function"}]}
     response = httpx.post(f"{served.url}/v1/chat/completions", json=bad_tool, timeout=60)
     assert response.status_code == 400 and response.json()["error"]["param"] == "tools.0"
+    extra = {"name": "f", "parameters": {}, "bogus": 1}
+    bad_tool["tools"] = [{"type": "function", "function": extra}]
+    response = httpx.post(f"{served.url}/v1/chat/completions", json=bad_tool, timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "tools.0.function.bogus"
 
 
 # ---- the parsers and the stream, on outputs written here ------------------------------------
@@ -288,3 +293,33 @@ def test_required_lifts_defs_and_definitions_under_their_own_keys() -> None:
         plan = plan_tools(body, False, None)
         assert plan.structured is not None and grammar_problem(plan.structured) is None, key
         assert json.loads(plan.structured.spec)[key] == {"A": inner}
+
+
+def test_an_enforced_output_cut_by_max_tokens_is_calls_never_content(client: OpenAI) -> None:
+    """The enforcing JSON came out as the message's content (and streamed as content deltas);
+    now the calls as far as they came, finish reason length, as OpenAI returns a cut call."""
+    required = ToolPlan("required")
+    cut = '[{"name": "weather", "parameters": {"city": "Oslo", "days": 2}}, {"name": "clock", '
+    cut += '"parameters": {"zo'
+    content, calls = split_output(required, cut, "length")
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [
+        ("weather", '{"city": "Oslo", "days": 2}'),
+        ("clock", '{"zo'),
+    ]
+    assert split_output(required, '[{"name": "wea', "length") == ("", [])
+    named = ToolPlan("named", named="clock")
+    assert [(c.name, c.arguments) for c in split_output(named, '{"zo', "length")[1]] == [
+        ("clock", '{"zo')
+    ]
+    for stream in (False, True):
+        response = client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", n=2,
+            max_tokens=6, temperature=1.0, seed=3, stream=stream,
+        )  # fmt: skip
+        chunks = list(response) if stream else [response]
+        for chunk in chunks:
+            for choice in chunk.choices:
+                part = choice.delta if stream else choice.message
+                assert not part.content, part.content
+                if choice.finish_reason is not None:
+                    assert choice.finish_reason == "length"

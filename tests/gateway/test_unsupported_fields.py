@@ -192,6 +192,12 @@ def test_chat_request_fields_of_vllm(served: Served) -> None:
             {"messages": [{"role": "user", "content": "Tim", "weight": 2}]},
             "messages.0.weight",
         ),
+        (
+            CHAT,
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "x": 1}]}]},
+            "messages.0.content.0.x",
+        ),
+        (CHAT, {"response_format": {"type": "json_object", "x": 1}}, "response_format.x"),
     ],
 )
 def test_an_unknown_field_is_a_400_naming_it(

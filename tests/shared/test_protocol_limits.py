@@ -26,8 +26,8 @@ from shared.protocol import (
     encode,
 )
 from shared.protocol.convert import table_from_rows
-from shared.protocol.limits import MAX_ERROR_CHARS, MAX_OUTPUTS_PER_MESSAGE
-from shared.sampling import SamplingParams
+from shared.protocol.limits import MAX_ERROR_CHARS, MAX_OUTPUTS_PER_MESSAGE, MAX_SPEC_BYTES
+from shared.sampling import SamplingParams, StructuredOutput
 
 MB = 1 << 20
 ENVELOPE = b"\x83" + b"".join(msgpack.packb(x) for x in ("v", SCHEMA_VERSION, "t", "submit", "d"))
@@ -90,6 +90,24 @@ def test_a_prompt_of_max_model_len_tokens_decodes_and_one_past_the_bound_does_no
         too_long = SubmitRequest("r", prompt + [1] * 4096, "s", 0.0, SamplingParams(1))
         with pytest.raises(ProtocolError):
             decode(encode(too_long), limits=limits)
+
+
+def test_a_request_with_everything_at_its_bound_decodes() -> None:
+    """A spec of MAX_SPEC_BYTES, a logit_bias and stop ids over the whole vocabulary (what a
+    gateway lets through), beside a full context: a worker takes it (a 100 KB spec was
+    dropped by the worker after the gateway accepted it)."""
+    vocab = 128_256
+    prompt = [2**32 - 1] * 8192
+    sampling = SamplingParams(
+        16,
+        stop_token_ids=tuple(range(vocab)),
+        logit_bias_ids=tuple(range(vocab)),
+        logit_bias_values=(0.5,) * vocab,
+        structured=StructuredOutput("choice", "x" * MAX_SPEC_BYTES),
+    )
+    msg = SubmitRequest("r" * 64, prompt, "s" * 64, time.time(), sampling, tenant="t" * 200)
+    decoded = decode(encode(msg), limits=Limits.for_prompts(8192, vocab))
+    assert decoded.sampling.structured == sampling.structured
 
 
 def test_the_largest_legal_messages_decode_within_the_default_limits() -> None:
