@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
@@ -58,6 +59,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(FastLane, routes=openai_routes.fast_routes())  # inside the body limit
     app.add_middleware(_BodyLimit, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(  # outermost: a preflight is answered before any limit or route
+        CORSMiddleware,
+        allow_origins=settings.allowed_origins,
+        allow_methods=settings.allowed_methods,
+        allow_headers=settings.allowed_headers,
+        allow_credentials=settings.allow_credentials,
+    )
     app.include_router(openai_routes.router)
     app.include_router(responses_routes.router)
     if not settings.admin_disabled:

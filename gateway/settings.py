@@ -77,6 +77,12 @@ class GatewaySettings(BaseSettings):
     tool_call_parser: Literal["hermes", "llama3_json"] | None = None
     # tool_choice "none" renders the tools all the same (vLLM's default) unless this is set
     exclude_tools_when_tool_choice_none: bool = False
+    # CORS, as vLLM's --allowed-origins/-methods/-headers and --allow-credentials (and its
+    # defaults): browsers on any origin may call the API
+    allowed_origins: list[str] = ["*"]
+    allowed_methods: list[str] = ["*"]
+    allowed_headers: list[str] = ["*"]
+    allow_credentials: bool = False
     # choices in one request: prompts of a completions batch x n
     max_choices: int = Field(default=128, ge=1)
     # Responses API: a stored response (store, previous_response_id) is kept this long in

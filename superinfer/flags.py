@@ -31,6 +31,17 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def json_list(text: str) -> list[Any]:
+    """A flag's JSON list (``--allowed-origins '["https://app.example"]'``, as vLLM's)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(value, list):
+        raise argparse.ArgumentTypeError("a JSON list is needed")
+    return value
+
+
 def _with_words(kind: type, words: tuple[str, ...]) -> Callable[[str], Any]:
     """``kind`` or one of ``words`` (``auto``), passed on as text for the settings to read."""
 
@@ -65,7 +76,8 @@ def _literal_choices(annotation: Any) -> list[str] | None:
 def flag_kwargs(field: FieldInfo) -> dict[str, Any] | None:
     """``argparse.add_argument``'s keywords for a settings field: scalars (a ``Literal`` as
     choices; an int that also takes the words in its ``json_schema_extra["flag_words"]``, as
-    B_xfer's ``auto``), switches, and JSON objects for dict fields; None for none of these."""
+    B_xfer's ``auto``), switches, JSON objects for dict fields and JSON lists for list fields;
+    None for none of these."""
     annotation = field.annotation
     kind = scalar_type(annotation)
     if kind is bool:
@@ -82,6 +94,8 @@ def flag_kwargs(field: FieldInfo) -> dict[str, Any] | None:
     kinds = [a for a in get_args(annotation) if a is not type(None)] or [annotation]
     if len(kinds) == 1 and (kinds[0] is dict or get_origin(kinds[0]) is dict):
         return {"type": _json_object, "metavar": "JSON"}
+    if annotation is list or get_origin(annotation) is list:
+        return {"type": json_list, "metavar": "JSON"}
     return None
 
 

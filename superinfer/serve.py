@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from superinfer.flags import json_list
+
 # The worker's model and pool settings (``WorkerSettings`` fields): `serve` takes them as flags
 # and passes them through to its worker unchanged.
 WORKER_MODEL_FIELDS = (
@@ -84,6 +86,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--exclude-tools-when-tool-choice-none",
         action="store_true",
         help='tool_choice "none" leaves the tools out of the prompt (default: rendered)',
+    )
+    for name, default in (("origins", '["*"]'), ("methods", '["*"]'), ("headers", '["*"]')):
+        parser.add_argument(
+            f"--allowed-{name}", type=json_list, default=default, metavar="JSON",
+            help=f"CORS: allowed {name}, a JSON list (vLLM's flag; default {default})",
+        )  # fmt: skip
+    parser.add_argument(
+        "--allow-credentials", action="store_true", help="CORS: allow credentials (vLLM's flag)"
     )
     parser.add_argument(
         "--ready-timeout-s", type=float, default=600.0, help="give up if not ready by then"
@@ -162,6 +172,10 @@ def _gateway_settings(args: argparse.Namespace, redis_url: str, admin_token: str
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
         exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
+        allowed_origins=args.allowed_origins,
+        allowed_methods=args.allowed_methods,
+        allowed_headers=args.allowed_headers,
+        allow_credentials=args.allow_credentials,
     )
 
 

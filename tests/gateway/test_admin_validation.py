@@ -270,3 +270,22 @@ async def test_knob_refusals_name_the_knob_and_take_auto_in_any_case(
     assert same.status_code == 200 and same.json()["version"] == knobs["version"]
     reserved = await admin.put("/admin/v1/slo-classes", json={"version": {"ttft_s": 1, "tbt_s": 1}})
     assert reserved.status_code == 422 and "reserved" in reserved.json()["error"]["message"]
+
+
+async def test_cors_is_vllms_by_default_and_follows_the_settings(redis_client: Redis) -> None:
+    """Browsers on another origin may call the API (vLLM's default: any origin); an operator's
+    list admits only its origins."""
+    preflight = {
+        "Origin": "https://app.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
+    for origins, allowed in ((None, True), (["https://other.example"], False)):
+        settings = {} if origins is None else {"allowed_origins": origins}
+        app, client = admin_client(**settings)
+        async with client:
+            answer = await client.options("/v1/chat/completions", headers=preflight)
+            assert answer.is_success == allowed, answer.text
+            got = await client.get("/admin/v1/knobs", headers={"Origin": "https://app.example"})
+            assert ("access-control-allow-origin" in got.headers) == allowed
+        await app.state.gateway.redis.aclose()
