@@ -73,10 +73,10 @@ def knobs_from_mapping(raw: dict[str, Any], base: Knobs | None = None) -> Knobs:
     names = {f.name for f in fields(Knobs)}
     for key, value in raw.items():
         if key not in names:
-            raise KnobError(str(key), f"unknown knob {key!r}")
+            raise KnobError(str(key)[:64], f"unknown knob {_shown(key)}")
         values[key] = _parse(key, value)
     if values["policy"] not in POLICY_NAMES:
-        message = f"knob 'policy': {values['policy']!r} is not one of {POLICY_NAMES}"
+        message = f"knob 'policy': {_shown(values['policy'])} is not one of {POLICY_NAMES}"
         raise KnobError("policy", message)
     return Knobs(**values)
 
@@ -95,7 +95,7 @@ def _parse(key: str, value: Any) -> Any:
             parse = _whole if key == "b_xfer" else _number
             return _in_range(key, parse(value))
     except (TypeError, ValueError, OverflowError) as exc:
-        message = f"knob {key!r}: {_shown(value)} is not a valid value ({exc})"
+        message = f"knob {key!r}: {_shown(value)} is not a valid value ({_cut(str(exc))})"
         raise KnobError(key, message) from exc
     if not isinstance(value, str):
         raise KnobError(key, f"knob {key!r}: {_shown(value)} is not a string")
@@ -130,8 +130,12 @@ def _in_range(key: str, number: Any) -> Any:
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 64 else f"{text[:64]}..."
+    return _cut(repr(value))
+
+
+def _cut(text: str, limit: int = 64) -> str:
+    """``text`` as an error message echoes it: at most ``limit`` characters and "..."."""
+    return text if len(text) <= limit else f"{text[:limit]}..."
 
 
 def _parse_bool(value: Any) -> bool:
@@ -173,6 +177,10 @@ def _stored(raw: dict[Any, Any]) -> tuple[dict[str, Any], int]:
     return {k: v for k, v in decoded.items() if k in known}, version
 
 
+def _texts(stored: dict[str, Any]) -> dict[str, str]:
+    return {k: (v.decode() if isinstance(v, bytes) else str(v)) for k, v in stored.items()}
+
+
 def _decoded(raw: dict[Any, Any]) -> tuple[Knobs, int]:
     stored, version = _stored(raw)
     return knobs_from_mapping(stored), version
@@ -184,8 +192,8 @@ async def read_knobs(redis: Redis) -> tuple[Knobs, int]:
 
 
 async def write_knobs(redis: Redis, changes: dict[str, Any]) -> tuple[Knobs, int]:
-    """Validate ``changes`` against the current knobs, then store them with version + 1, in
-    one transaction that is retried when the knobs changed meanwhile (a concurrent update is
+    """Validate ``changes`` against the current knobs, then store them with version + 1 (a
+    change to the values they hold already: no write, the version stays), in one transaction that is retried when the knobs changed meanwhile (a concurrent update is
     never lost). A bad value raises ValueError and nothing is written. ``changes`` are
     validated over the stored values, so an update that replaces a stored value out of range
     (written before its range existed) repairs it, and one that does not names it."""
@@ -193,9 +201,12 @@ async def write_knobs(redis: Redis, changes: dict[str, Any]) -> tuple[Knobs, int
         for _ in range(MAX_WRITE_ATTEMPTS):
             try:
                 await pipe.watch(KNOBS_KEY)
-                current, _ = _stored(await pipe.hgetall(KNOBS_KEY))
+                current, stored_version = _stored(await pipe.hgetall(KNOBS_KEY))
                 updated = knobs_from_mapping({**current, **changes})
                 mapping: dict[Any, Any] = knobs_to_mapping(updated)
+                if stored_version and _texts(current) == mapping:  # no change: no new version
+                    await pipe.unwatch()
+                    return updated, stored_version
                 pipe.multi()
                 pipe.hset(KNOBS_KEY, mapping=mapping)
                 pipe.hincrby(KNOBS_KEY, "version", 1)

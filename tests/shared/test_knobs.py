@@ -61,6 +61,21 @@ async def test_a_bad_update_writes_nothing(redis_client: Redis) -> None:
     assert await read_knobs(redis_client) == before
 
 
+async def test_an_update_to_the_values_in_force_keeps_the_version(redis_client: Redis) -> None:
+    """Workers drop plans made under another version: a PUT that changes nothing bumped it."""
+    _, version = await write_knobs(redis_client, {"alpha": 3.0, "b_xfer": "auto"})
+    for same in ({"alpha": 3.0}, {"alpha": "3"}, {"b_xfer": "AUTO"}, {"alpha": 3, "b_xfer": None}):
+        assert (await write_knobs(redis_client, same))[1] == version, same
+    assert (await write_knobs(redis_client, {"alpha": 2.5}))[1] == version + 1
+
+
+async def test_refusals_echo_at_most_a_short_cut_of_the_input() -> None:
+    for changes in ({"k" * 100_000: 1}, {"policy": "p" * 100_000}, {"alpha": "9" * 100_000 + "x"}):
+        with pytest.raises(ValueError) as refused:
+            knobs_from_mapping(changes)
+        assert len(str(refused.value)) < 400, changes.keys()
+
+
 async def test_the_version_is_not_a_knob_to_write(redis_client: Redis) -> None:
     """``{"version": ...}`` would change nothing yet bump the version (workers drop their
     plans): refused, naming it."""
