@@ -193,10 +193,11 @@ async def read_knobs(redis: Redis) -> tuple[Knobs, int]:
 
 async def write_knobs(redis: Redis, changes: dict[str, Any]) -> tuple[Knobs, int]:
     """Validate ``changes`` against the current knobs, then store them with version + 1 (a
-    change to the values they hold already: no write, the version stays), in one transaction that is retried when the knobs changed meanwhile (a concurrent update is
-    never lost). A bad value raises ValueError and nothing is written. ``changes`` are
-    validated over the stored values, so an update that replaces a stored value out of range
-    (written before its range existed) repairs it, and one that does not names it."""
+    change to the values they hold already: no write, the version stays), in one transaction
+    that is retried when the knobs changed meanwhile (a concurrent update is never lost). A
+    bad value raises ValueError and nothing is written. ``changes`` are validated over the
+    stored values, so an update that replaces a stored value out of range (written before
+    its range existed) repairs it, and one that does not names it."""
     async with redis.pipeline(transaction=True) as pipe:
         for _ in range(MAX_WRITE_ATTEMPTS):
             try:
