@@ -38,8 +38,9 @@ def generation_params(
     if max_model_len is None:
         retry = {"Retry-After": str(state.settings.retry_after_s)}
         raise APIError(503, "no data-plane worker is available", code="no_worker", headers=retry)
-    sampling = sampling_params(body, _max_tokens(max_tokens, len(prompt_ids), max_model_len),
-                               state.settings, tool_structured)  # fmt: skip
+    prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+    max_tokens = _max_tokens(max_tokens, len(prompt_ids), max_model_len, prompt_param)
+    sampling = sampling_params(body, max_tokens, state.settings, tool_structured)
     state.prompts.check_ids(list(sampling.logit_bias_ids), "logit_bias")
     state.prompts.check_ids(list(sampling.stop_token_ids), "stop_token_ids")
     return GenerationParams(
@@ -49,12 +50,15 @@ def generation_params(
         priority=served_priority(caller, body.priority),
         tenant=caller.tenant,
         key_id=caller.key_id,
-        prompt_param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
-    )  # fmt: skip
+        prompt_param=prompt_param,
+    )
 
 
-def _max_tokens(requested: int | None, num_prompt: int, max_model_len: int) -> int:
-    """The request's max_tokens, the rest of the context when it gives none (vLLM's rule)."""
+def _max_tokens(
+    requested: int | None, num_prompt: int, max_model_len: int, prompt_param: str
+) -> int:
+    """The request's max_tokens, the rest of the context when it gives none (vLLM's rule); a
+    400 naming the prompt when it fills the context alone, else ``max_tokens``."""
     max_tokens = max_model_len - num_prompt if requested is None else requested
     if num_prompt + max_tokens > max_model_len or max_tokens < 1:
         limit = f"this model's maximum context length of {max_model_len} tokens"
@@ -64,12 +68,8 @@ def _max_tokens(requested: int | None, num_prompt: int, max_model_len: int) -> i
         else:
             message = f"the prompt has {num_prompt} tokens and max_tokens is {requested}: "
             message += f"{num_prompt + requested} in all, over {limit}"
-        raise APIError(
-            400,
-            message,
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
+        param = prompt_param if num_prompt >= max_model_len else "max_tokens"
+        raise APIError(400, message, param=param, code="context_length_exceeded")
     return max_tokens
 
 
