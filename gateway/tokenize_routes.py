@@ -70,6 +70,9 @@ async def tokenize(raw: Annotated[dict[str, Any], Body()], request: Request) -> 
     """vLLM's shape: ``count``, ``max_model_len``, ``tokens``, ``token_strs``. A body with
     ``messages`` is a chat's, else a completion's: validated as that one, so a 400 names
     the field of the form the client meant."""
+    if "messages" in raw and "prompt" in raw:
+        message = "give either prompt (a completion's) or messages (a chat's), not both"
+        raise APIError(400, message, param="prompt")
     form: type[TokenizeChat | TokenizeCompletion]
     form = TokenizeChat if "messages" in raw else TokenizeCompletion
     try:

@@ -54,6 +54,7 @@ def test_bad_bodies_and_other_models_are_clear_errors(served: Served) -> None:
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "user", "content": "a"}], "foo": 1}, "foo"),
         ({"prompt": "a", "foo": 1}, "foo"),
+        ({"prompt": "a", "messages": [{"role": "user", "content": "a"}]}, "prompt"),
     ):
         refused = _post(served, "/tokenize", body)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param, body
