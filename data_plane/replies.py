@@ -71,6 +71,8 @@ class Replies:
             stream, sent = self._reply.get(out.request_id, (None, 0))
             if stream is None:
                 continue
+            # the engine's count: tokens that never came here leave a gap the gateway sees
+            sent = max(sent, out.num_output_tokens - len(out.new_token_ids))
             reason = out.finish_reason.value if out.finish_reason else None
             error = out.error[:MAX_ERROR_CHARS] if out.error and reason != "abort" else None
             msg = TokenOutput(

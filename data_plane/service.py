@@ -166,10 +166,12 @@ class Worker:
         else:  # idle; a grammar compiling: its request joins within a few ms of being ready
             idle_ms = GRAMMAR_POLL_MS if len(self.grammars) else self.settings.idle_block_ms
             fetched = await self._fetch(block_ms=idle_ms)
-            if self.replies.has_pending:  # a failed write's outputs, with nothing else to send
-                await self._flush_sends()
-                await self.replies.send(self.redis, [])
-            await self._apply(*fetched)
+            try:
+                if self.replies.has_pending:  # a failed write's outputs, nothing else to send
+                    await self._flush_sends()
+                    await self.replies.send(self.redis, [])
+            finally:  # a failed write again: what was read is still taken
+                await self._apply(*fetched)
         if self.gateways.unswept:
             await sweep_orphans(self.gateways, self.engine, self.replies, self.redis)
         for msg in self.gateways.unparked():  # their gateway restarted: it beats again
@@ -425,8 +427,10 @@ class Worker:
         if not self.planner.quiet(iteration) or now_s - self._snapshot_sent_s >= QUIET_SNAPSHOT_S:
             msg_bytes = self._snapshot_bytes(result, iteration_time_s)
             self._snapshot_sent_s = now_s
-        await self._flush_sends()
-        self._send_task = asyncio.create_task(self._send(result.outputs, msg_bytes))
+        try:  # the previous send's error is raised here, after this step's send is started:
+            await self._flush_sends()  # never before it (the step's tokens were lost)
+        finally:
+            self._send_task = asyncio.create_task(self._send(result.outputs, msg_bytes))
 
     async def _flush_sends(self) -> None:
         """Wait for the send in flight, if any (its Redis error is raised here)."""

@@ -162,6 +162,43 @@ async def test_a_failed_snapshot_write_still_sends_the_tokens(redis_client: Redi
     await redis_client.delete(GW_A)
 
 
+async def test_a_step_after_a_failed_send_still_sends_its_tokens(redis_client: Redis) -> None:
+    """The failed send's error surfaces in the next step's publish: that step's outputs were
+    dropped (a token missing mid-text, finish "length", no error at the client)."""
+    worker = Worker.__new__(Worker)  # only what _publish touches
+    worker.redis = SnapshotWritesFail(redis_client)  # type: ignore[assignment]
+    worker.settings = cast(Any, SimpleNamespace(worker_id="w0"))
+    worker._announced_s = None
+    worker.planner = cast(Any, SimpleNamespace(source="local", quiet=lambda iteration: False))
+    worker._snapshot_sent_s = 0.0
+    worker.replies = Replies()
+    worker.replies.admit("r1", GW_A, {"worker_id": "w0"})
+    worker._snapshot_bytes = lambda result, iteration_time_s: b"snapshot"  # type: ignore[method-assign]
+    worker._send_task = None
+    for iteration, tokens in ((1, [3, 4]), (2, [5])):
+        snapshot = cast(Any, SimpleNamespace(iteration=iteration))
+        result: Any = StepResult([RequestOutput("r1", tokens, 1 + iteration)], snapshot=snapshot)
+        try:
+            await worker._publish(result, 0.01)
+        except ConnectionError:  # the first send's failure, one step later
+            assert iteration == 2
+    with pytest.raises(ConnectionError):
+        await worker._flush_sends()
+    entries = await redis_client.xrange(GW_A)
+    outputs = [o for _, fields in entries for o in decode(fields[b"m"], TokenOutputs).outputs]
+    assert [(o.index, o.token_ids) for o in outputs] == [(0, [3, 4]), (2, [5])]
+    await redis_client.delete(GW_A)
+
+
+def test_an_output_after_tokens_that_never_came_leaves_a_gap() -> None:
+    """Indices follow the engine's count: a lost output is a gap the gateway sees, never a
+    shorter text that looks whole."""
+    replies = _replies()
+    batches = replies.token_batches([RequestOutput("r1", [5], 1)])
+    batches = replies.token_batches([RequestOutput("r1", [8], 4)])  # 2 and 3 never came here
+    assert [(o.index, o.token_ids) for o in batches[GW_A]] == [(3, [8])]
+
+
 async def test_outputs_lost_to_a_redis_blip_are_sent_again_first(redis_client: Redis) -> None:
     replies = _replies()
     away = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)  # nothing there

@@ -85,3 +85,23 @@ async def test_a_failed_plan_read_still_takes_the_requests_then_raises() -> None
     with pytest.raises(ConnectionError, match="plans away"):
         await _worker(recorder)._iterate()
     assert recorder.events[-2:] == ["took 1 entries", "acked"]  # nothing read was lost
+
+
+async def test_an_idle_worker_whose_retried_write_fails_still_takes_what_it_read() -> None:
+    """Idle, it sends what a failed write left; that write failing again left the requests it
+    had just read unapplied (unacknowledged, never redelivered to it)."""
+    recorder = Recorder()
+    recorder.in_step.set()  # no step: the read returns at once
+    worker = _worker(recorder)
+    worker.engine = cast(Any, SimpleNamespace(has_unfinished=lambda: False))
+    worker.settings = cast(Any, SimpleNamespace(idle_block_ms=5))
+
+    async def send_fails(redis: Any, outputs: Any) -> None:
+        raise ConnectionError("still away")
+
+    worker.replies = cast(Any, SimpleNamespace(has_pending=True, send=send_fails))
+    worker._send_task = None
+    worker.redis = cast(Any, None)
+    with pytest.raises(ConnectionError, match="still away"):
+        await worker._iterate()
+    assert recorder.events[-2:] == ["took 1 entries", "acked"]
