@@ -33,6 +33,7 @@ from data_plane.replies import Replies
 from data_plane.reports import WorkerIdentity, state_snapshot, worker_status
 from data_plane.settings import WorkerSettings
 from data_plane.speed import SpeedMeter
+from data_plane.stall import StepWatch
 from shared import streams
 from shared.b_xfer import resolve_b_xfer_blocks
 from shared.bus import queue_snapshot, should_announce
@@ -99,6 +100,7 @@ class Worker:
         self._busy_time_s = 0.0  # iteration time summed since the last heartbeat
         self._busy_iterations = 0
         self.speed = SpeedMeter()  # measured prefill rate and decode step time, for gateways
+        self.step_watch = StepWatch(settings.step_stall_s)  # a hung step stops the heartbeat
         # Set on SIGTERM: new requests stay pending in the stream (the next incarnation reads
         # them) and gateways stop routing here; aborts are still honoured.
         self.draining = False
@@ -214,14 +216,17 @@ class Worker:
     async def _step(self) -> None:
         self._set_b_xfer()
         t_start = time.perf_counter()
+        self.step_watch.started()
         try:
             result = await asyncio.to_thread(self.engine.step)
         except Exception as exc:  # a bug: never loop on it with requests hanging
+            self.step_watch.ended(time.perf_counter() - t_start)
             await self._fail_all(exc)
             raise
         self._num_failed_steps = 0
         self.num_iterations += 1
         iteration_time_s = time.perf_counter() - t_start
+        self.step_watch.ended(iteration_time_s)
         self._iteration_time_s = iteration_time_s
         self._busy_time_s += iteration_time_s
         self._busy_iterations += 1
@@ -385,10 +390,12 @@ class Worker:
             self._status_cache = self._status(now)
 
     async def _heartbeat(self) -> None:
-        """Publish the latest status (with a fresh time) and pending lifecycle fields, watch
-        the gateways' heartbeats; read the knobs when their version changed (applied by
+        """Publish the latest status (with a fresh time; none while a step is stalled) and
+        pending lifecycle fields, watch the gateways' heartbeats; read the knobs when their version changed (applied by
         :meth:`_iterate`, between steps)."""
         await asyncio.sleep(self.settings.heartbeat_interval_s)
+        if self.step_watch.stalled():  # gateways then treat this worker as gone
+            return
         status = replace(self._status_cache, t_heartbeat_s=time.time(), accepting=not self.draining)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(streams.WORKERS_KEY, self.settings.worker_id, encode(status))

@@ -55,6 +55,9 @@ class WorkerSettings(BaseSettings):
     read_batch: int = 256  # requests taken from the stream per iteration
     idle_block_ms: int = 50
     heartbeat_interval_s: float = 0.5  # status for gateways (routing, readiness, metrics)
+    # An engine step running this long, and 10x the longest before it, is stalled: the
+    # heartbeat stops (gateways end its streams and route elsewhere) until it ends
+    step_stall_s: float = Field(default=30.0, gt=0.0)
     # A gateway whose heartbeat (superinfer:gateways) has not changed for this long, as this
     # worker watched it, is dead: its requests here are aborted and its output stream deleted.
     gateway_dead_s: float = Field(default=10.0, gt=0)
