@@ -391,8 +391,8 @@ class Worker:
 
     async def _heartbeat(self) -> None:
         """Publish the latest status (with a fresh time; none while a step is stalled) and
-        pending lifecycle fields, watch the gateways' heartbeats; read the knobs when their version changed (applied by
-        :meth:`_iterate`, between steps)."""
+        pending lifecycle fields, watch the gateways' heartbeats; read the knobs when their
+        version changed (applied by :meth:`_iterate`, between steps)."""
         await asyncio.sleep(self.settings.heartbeat_interval_s)
         if self.step_watch.stalled():  # gateways then treat this worker as gone
             return
