@@ -36,8 +36,7 @@ def generation_params(
         raise APIError(400, "the prompt is empty", param="prompt")
     max_model_len = state.directory.max_model_len()
     if max_model_len is None:
-        retry = {"Retry-After": str(state.settings.retry_after_s)}
-        raise APIError(503, "no data-plane worker is available", code="no_worker", headers=retry)
+        raise state.directory.no_worker_error()
     prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
     max_tokens = _max_tokens(max_tokens, len(prompt_ids), max_model_len, prompt_param)
     sampling = sampling_params(body, max_tokens, state.settings, tool_structured)

@@ -86,8 +86,8 @@ class GatewayState:
         log.info("gateway_started", gateway_id=self.gateway_id, model=self.model_name)
 
     async def _refresh(self) -> None:
+        await self.directory.refresh()  # first: it records whether Redis answers
         await self.beat()
-        await self.directory.refresh()
         await self.api_keys.refresh()
         await self.generations.check_workers()
         await asyncio.sleep(self.settings.directory_refresh_s)

@@ -78,6 +78,7 @@ class WorkerDirectory:
             classes = await self._validated("slo_classes", read_slo_classes)
         except Exception:
             self.redis_ok = False
+            self.control_plane_alive = False  # not seen: its heartbeat is in Redis
             raise
         self.redis_ok = True
         if knobs is not None:
@@ -162,6 +163,16 @@ class WorkerDirectory:
         the key's earlier requests left), the same in every gateway."""
         return worker_for_key(key, [s.worker_id for s in self.routable()])
 
+    def no_worker_error(self) -> APIError:
+        """The 503 for a request no worker can take: Redis unreachable (``bus``: workers are
+        reached through it) or no live worker (``no_worker``)."""
+        retry = {"Retry-After": str(self.settings.retry_after_s)}
+        if not self.redis_ok:
+            message, code = "the request bus (Redis) is unreachable", "bus"
+        else:
+            message, code = "no data-plane worker is available", "no_worker"
+        return APIError(503, message, code=code, headers=retry)
+
     def max_model_len(self) -> int | None:
         lens = [s.max_model_len for s in self.alive()]
         return min(lens) if lens else None
@@ -182,12 +193,7 @@ class WorkerDirectory:
         candidates = self.routable()
         retry_after_s = self.settings.retry_after_s
         if not candidates:
-            raise APIError(
-                503,
-                "no data-plane worker is available",
-                code="no_worker",
-                headers={"Retry-After": str(retry_after_s)},
-            )
+            raise self.no_worker_error()
         waits = {s.worker_id: self._wait_for_room_s(s, num_prompt_tokens) for s in candidates}
         open_workers = [s for s in candidates if waits[s.worker_id] == 0.0]
         if not open_workers:

@@ -10,13 +10,16 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.dispatcher import Dispatcher
 from gateway.generation import GenerationParams, GenerationService
 from gateway.inflight import InFlightRequests, Route
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
+from gateway.state import GatewayState
 from gateway.workers import WorkerDirectory
 from shared import streams
 from shared.policy import Knobs
@@ -25,6 +28,7 @@ from shared.sampling import SamplingParams
 from shared.slo import DEFAULT_SLO_CLASSES
 from shared.tokenizer import ByteTokenizer
 from tests.gateway.test_metrics_vllm import _status
+from tests.redis_support import redis_url
 
 BEHIND_S = 30.0  # a worker clock this far behind the gateway's
 
@@ -131,3 +135,28 @@ async def test_a_malformed_status_is_logged_once_not_every_refresh(redis_client:
     await redis_client.hset(streams.WORKERS_KEY, "junk", b"other junk")
     await directory.refresh()
     assert directory.num_malformed == 2  # a new bad value: counted and logged again
+
+
+async def test_an_unreachable_redis_is_what_readiness_metrics_and_refusals_name(
+    redis_client: Redis,
+) -> None:
+    """The refresh wrote the gateway's heartbeat first: with Redis gone that raised before the
+    directory could record it, so /ready and ``superinfer:redis_up`` said Redis was fine and
+    requests got 503 ``no_worker``, naming the wrong cause."""
+    state = GatewayState(GatewaySettings(model="tiny-random", redis_url=redis_url()))
+    try:
+        await _beat(redis_client, _status("w0"))
+        await redis_client.set(streams.CONTROL_PLANE_HEARTBEAT_KEY, "1", px=5_000)
+        await state._refresh()
+        assert state.directory.redis_ok and state.directory.control_plane_alive
+        away = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
+        state.redis = state.directory.redis = away
+        with pytest.raises(RedisConnectionError):
+            await state._refresh()
+        problems, _ = state.readiness()
+        assert "redis unreachable" in problems and not state.directory.control_plane_alive
+        assert state.directory.no_worker_error().code == "bus"
+        await away.aclose()
+    finally:
+        state.prompts.close()
+        state.grammar_thread.shutdown(wait=False)
