@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any
 
@@ -28,8 +29,9 @@ class ControlPlaneSettings(BaseSettings):
     redis_timeout_s: float = 5.0  # every Redis call (longer than any blocking read's block time)
     # Replicas (docs/scaling.md): each worker is planned by the one replica holding its lease.
     # Ids must differ between replicas (the chart uses the pod name); a restarted replica with
-    # the same id adopts its own leases at once.
-    replica_id: str = Field(default_factory=socket.gethostname)
+    # the same id adopts its own leases at once. Default: host name and process id (two
+    # replicas on one host shared the host name, both planning every worker).
+    replica_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     lease_ttl_ms: int = 3000  # a dead replica's workers are taken over within about this
     lease_renew_s: float = 0.5  # renewal and rebalancing period (well under the TTL)
     worker_forget_s: float = 10.0  # a worker without a snapshot this long is released

@@ -25,7 +25,8 @@ from shared.protocol import ProtocolError, StateSnapshot, decode
 from shared.protocol.delta import DeltaDecoder, MissingBase
 
 log = structlog.get_logger(__name__)
-REGISTRY_KEEP_S = 3600.0  # registry entries older than this (worker's clock) are deleted
+# A registry entry whose score stood still this long, as this replica watched, is deleted
+REGISTRY_KEEP_S = 3600.0
 # A replica starting reads the announcements of the last 2 s (a worker unplanned for longer
 # announces again every shared.bus.ANNOUNCE_INTERVAL_S).
 JOINED_LOOKBACK_MS = 2000
@@ -40,6 +41,7 @@ class WorkerDirectory:
         self.forget_s = forget_s
         # id -> (its score, when this replica saw it change; -inf: never)
         self._seen: dict[str, tuple[float, float]] = {}
+        self._still_since: dict[str, float] = {}  # id -> when its score last changed or appeared
 
     @property
     def workers(self) -> set[str]:
@@ -65,12 +67,14 @@ class WorkerDirectory:
                 seen[worker_id] = (score, -math.inf)
             else:
                 seen[worker_id] = (score, now if last[0] != score else last[1])
-        if entries:  # long-gone workers: by their own clock, with an hour's margin
-            newest = max(score for _, score in entries)
-            await redis.zremrangebyscore(
-                streams.SNAPSHOT_WORKERS_KEY, "-inf", newest - REGISTRY_KEEP_S
-            )
-        self._seen = seen
+        still = {w: self._still_since.get(w, now) for w in seen}
+        for worker_id, (_, changed_s) in seen.items():
+            if changed_s == now:
+                still[worker_id] = now
+        gone = [w for w, since in still.items() if now - since > REGISTRY_KEEP_S]
+        if gone:  # long-gone workers: judged by change, never by comparing workers' clocks
+            await redis.zrem(streams.SNAPSHOT_WORKERS_KEY, *gone)
+        self._seen, self._still_since = seen, still
         return self.workers
 
 

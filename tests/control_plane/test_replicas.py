@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
+from control_plane import snapshots
 from control_plane.lease import (
     ALREADY_PLANNED,
     NOT_OWNER,
@@ -60,6 +61,27 @@ async def test_workers_are_found_by_their_snapshots_and_forgotten_when_they_stop
     await asyncio.sleep(0.35)
     await redis_client.zadd(key, {"new": 7.0})
     assert await directory.refresh(redis_client) == {"new"}  # live stopped publishing
+    await redis_client.delete(key)
+
+
+async def test_an_entry_from_a_clock_far_ahead_removes_no_other(
+    redis_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries were deleted an hour behind the newest score: a worker whose clock ran over an
+    hour fast (or one written by hand) wiped every other; now an entry goes once its score
+    stood still for an hour of this replica's watching."""
+    directory = WorkerDirectory(forget_s=0.3)
+    key = streams.SNAPSHOT_WORKERS_KEY
+    await redis_client.zadd(key, {"ahead": 9e18, "live": time.time()})
+    await directory.refresh(redis_client)
+    await redis_client.zadd(key, {"live": time.time()})
+    assert await directory.refresh(redis_client) == {"live"}
+    assert {m.decode() for m in await redis_client.zrange(key, 0, -1)} == {"ahead", "live"}
+    monkeypatch.setattr(snapshots, "REGISTRY_KEEP_S", 0.2)
+    await asyncio.sleep(0.3)
+    await redis_client.zadd(key, {"live": time.time()})
+    await directory.refresh(redis_client)  # "ahead" stood still past the keep time
+    assert {m.decode() for m in await redis_client.zrange(key, 0, -1)} == {"live"}
     await redis_client.delete(key)
 
 
