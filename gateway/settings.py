@@ -108,6 +108,8 @@ class GatewaySettings(BaseSettings):
     # gap) gets an SSE comment, so that proxies with idle timeouts keep it; 0: never.
     sse_keepalive_s: float = Field(default=10.0, ge=0.0)
     worker_alive_s: float = 5.0  # a worker is routable while its heartbeat is this fresh
+    # a worker whose heartbeat stood still this long is deleted (its status and streams)
+    worker_forget_s: float = Field(default=3600.0, gt=0.0)
     worker_dead_s: float = 3.0  # its in-flight requests move or fail after this much silence
     directory_refresh_s: float = 0.25
     output_block_ms: int = 500

@@ -30,6 +30,14 @@ from shared.slo import DEFAULT_SLO_CLASSES, SloClass, read_slo_classes
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
+# Delete a worker's status (KEYS[1], field ARGV[1]) and its streams (KEYS[2..]) only while the
+# status is still ARGV[2]: a worker that came back meanwhile keeps everything.
+_FORGET = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
+return 1
+"""
 FIRST_SIGHT_MAX_AGE_S = 3600.0  # a status older than this at first sight is as good as dead
 
 
@@ -40,6 +48,7 @@ class _Beat:
     epoch: str
     t_heartbeat_s: float  # the worker's clock
     t_seen_mono_s: float  # this gateway's monotonic clock
+    t_still_mono_s: float  # when this gateway first saw this value (never backdated)
 
 
 @dataclass(slots=True)
@@ -88,6 +97,7 @@ class WorkerDirectory:
         self.control_plane_alive = bool(cp_alive)
         self.statuses = self._decode_statuses(raw_workers)
         self._observe_beats()
+        await self._forget_dead(raw_workers)
 
     async def _validated(self, what: str, read: Callable[[Redis], Awaitable[T]]) -> T | None:
         """``read(redis)``, or None (the last good value stays) when what Redis holds does not
@@ -115,11 +125,25 @@ class WorkerDirectory:
             ):
                 beats[worker_id] = old
             elif old is not None:  # it beat (or restarted) since the last refresh
-                beats[worker_id] = _Beat(status.epoch, status.t_heartbeat_s, now_mono)
+                beats[worker_id] = _Beat(status.epoch, status.t_heartbeat_s, now_mono, now_mono)
             else:
                 age_s = min(max(0.0, now_wall - status.t_heartbeat_s), FIRST_SIGHT_MAX_AGE_S)
-                beats[worker_id] = _Beat(status.epoch, status.t_heartbeat_s, now_mono - age_s)
+                beat = _Beat(status.epoch, status.t_heartbeat_s, now_mono - age_s, now_mono)
+                beats[worker_id] = beat
         self._beats = beats
+
+    async def _forget_dead(self, raw_workers: dict[Any, Any]) -> None:
+        """Delete the status and streams of each worker whose heartbeat stood still for
+        ``worker_forget_s`` of this gateway's watching (killed and never back: with random
+        pod names they piled up), each only while its status is still the one judged."""
+        now = time.monotonic()
+        limit_s = self.settings.worker_forget_s
+        dead = [w for w, beat in self._beats.items() if now - beat.t_still_mono_s > limit_s]
+        for worker_id in dead:
+            raw = raw_workers.get(worker_id.encode(), raw_workers.get(worker_id))
+            keys = [streams.WORKERS_KEY, *streams.worker_streams(worker_id)]
+            if raw is not None and await self.redis.eval(_FORGET, len(keys), *keys, worker_id, raw):
+                log.info("worker_forgotten", worker_id=worker_id, still_s=round(limit_s))
 
     def beat_age_s(self, status: WorkerStatus) -> float:
         """Seconds since ``status``'s worker was last seen beating, on this gateway's clock

@@ -51,6 +51,15 @@ def _middle(name: str, head: str, tail: str) -> str | None:
     return None
 
 
+def worker_streams(worker_id: str) -> list[str]:
+    """Every stream of one worker: its requests, snapshots and plans."""
+    return [
+        worker_requests_stream(worker_id),
+        worker_snapshots_stream(worker_id),
+        worker_plans_stream(worker_id),
+    ]
+
+
 def worker_plans_stream(worker_id: str) -> str:
     """Rotation plans for one worker, written by the control plane."""
     return f"{PREFIX}:worker:{worker_id}:plans"

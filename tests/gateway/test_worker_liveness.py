@@ -7,6 +7,7 @@ request with no token yet leaves a draining worker at once or follows a restarte
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 
@@ -160,3 +161,23 @@ async def test_an_unreachable_redis_is_what_readiness_metrics_and_refusals_name(
     finally:
         state.prompts.close()
         state.grammar_thread.shutdown(wait=False)
+
+
+async def test_a_worker_that_never_beats_again_is_forgotten(redis_client: Redis) -> None:
+    """Its status and streams stayed forever (the admin API listed it, its request stream kept
+    what was sent to it); one that beats is kept."""
+    settings = GatewaySettings(model="tiny-random", worker_forget_s=0.3)
+    directory = WorkerDirectory(redis_client, settings)
+    live, dead = _status("live"), _status("dead")
+    await _beat(redis_client, live)
+    await _beat(redis_client, dead)
+    await redis_client.xadd(streams.worker_requests_stream("dead"), {"m": b"x"})
+    await directory.refresh()
+    for _ in range(4):
+        await asyncio.sleep(0.15)
+        live = dataclasses.replace(live, t_heartbeat_s=live.t_heartbeat_s + 0.15)
+        await _beat(redis_client, live)
+        await directory.refresh()
+    assert set(await redis_client.hkeys(streams.WORKERS_KEY)) == {b"live"}
+    assert not await redis_client.exists(streams.worker_requests_stream("dead"))
+    await redis_client.delete(streams.WORKERS_KEY)
