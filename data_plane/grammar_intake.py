@@ -52,6 +52,13 @@ class PendingGrammars:
         """Forget a held request (aborted while its grammar compiled)."""
         return self._pending.pop(request_id, None) is not None
 
+    def drop_for(self, reply_stream: str) -> list[str]:
+        """Forget the requests whose outputs go to ``reply_stream``; returns their ids."""
+        ids = [rid for rid, (msg, _) in self._pending.items() if msg.reply_stream == reply_stream]
+        for request_id in ids:
+            del self._pending[request_id]
+        return ids
+
     def __len__(self) -> int:
         return len(self._pending)
 

@@ -24,6 +24,7 @@ import structlog
 from redis.asyncio import Redis
 
 from data_plane.engine.engine import Engine
+from data_plane.grammar_intake import PendingGrammars
 from data_plane.replies import Replies
 from shared import streams
 from shared.protocol import SubmitRequest
@@ -164,6 +165,27 @@ async def sweep_orphans(
         request_ids=orphans,
         reason="their gateway was called dead (see gateway_dead)",
     )
+
+
+def abort_reply_stream(
+    reply_stream: str, engine: Engine, replies: Replies, grammars: PendingGrammars
+) -> list[str]:
+    """Abort every request this worker owns whose outputs go to ``reply_stream`` (its gateway
+    restarted under its id: nobody reads them); returns their ids."""
+    orphans = [rid for rid, stream in replies.reply_streams().items() if stream == reply_stream]
+    for request_id in orphans:
+        engine.abort(request_id)
+        replies.orphan(request_id)
+    orphans += grammars.drop_for(reply_stream)
+    replies.drop_stream(reply_stream)
+    if orphans:
+        log.warning(
+            "orphans_aborted",
+            reply_stream=reply_stream,
+            request_ids=orphans,
+            reason="their gateway restarted under its id",
+        )
+    return orphans
 
 
 def _text(value: bytes | str) -> str:

@@ -27,7 +27,7 @@ from data_plane.engine.request import FinishReason, RequestError, RequestOutput
 from data_plane.grammar_intake import PendingGrammars
 from data_plane.intake import Entry, Intake
 from data_plane.knobs import WorkerKnobs
-from data_plane.orphans import GatewayWatch, sweep_orphans
+from data_plane.orphans import GatewayWatch, abort_reply_stream, sweep_orphans
 from data_plane.planner import HybridPlanner
 from data_plane.replies import Replies
 from data_plane.reports import WorkerIdentity, state_snapshot, worker_status
@@ -39,6 +39,7 @@ from shared.b_xfer import resolve_b_xfer_blocks
 from shared.bus import queue_snapshot, should_announce
 from shared.model_source import model_display_name
 from shared.protocol import (
+    AbortReplyStream,
     AbortRequest,
     Limits,
     ProtocolError,
@@ -285,6 +286,8 @@ class Worker:
         elif isinstance(msg, AbortRequest):
             if self.grammars.drop(msg.request_id) or self.engine.abort(msg.request_id):
                 log.info("request_aborted", request_id=msg.request_id)
+        elif isinstance(msg, AbortReplyStream):
+            abort_reply_stream(msg.reply_stream, self.engine, self.replies, self.grammars)
         else:
             log.error("unexpected_message", entry_id=entry_id, type=type(msg).__name__)
         return True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -23,7 +24,14 @@ from gateway.bus import DedicatedConnection
 from gateway.errors import APIError
 from gateway.inflight import InFlight, InFlightRequests, Route
 from shared import streams
-from shared.protocol import AbortRequest, SubmitRequest, TokenOutput, TokenOutputs, encode
+from shared.protocol import (
+    AbortReplyStream,
+    AbortRequest,
+    SubmitRequest,
+    TokenOutput,
+    TokenOutputs,
+    encode,
+)
 from shared.protocol.convert import stream_messages
 from shared.runtime import loop_with_backoff
 
@@ -101,6 +109,21 @@ class Dispatcher:
                 await conn.close()
         with contextlib.suppress(Exception):
             await self.redis.delete(self.reply_stream)
+
+    async def abort_previous_incarnation(self, worker_ids: Iterable[str]) -> None:
+        """This gateway's id beat before (a restart under a fixed id: compose, a pod's name):
+        the previous incarnation's requests still run on the workers for nobody. Tell each
+        worker to abort what goes to this reply stream, before anything is submitted here (a
+        worker reads its stream in order: this gateway's requests come after)."""
+        if not await self.redis.hexists(streams.GATEWAYS_KEY, self.gateway_id):
+            return
+        data = encode(AbortReplyStream(self.reply_stream))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for worker_id in worker_ids:
+                stream = streams.worker_requests_stream(worker_id)
+                pipe.xadd(stream, {"m": data}, maxlen=streams.MAXLEN_REQUESTS, approximate=True)
+            await pipe.execute()
+        log.info("previous_incarnation_aborted", gateway_id=self.gateway_id)
 
     async def submit(self, record: InFlight, request: SubmitRequest) -> None:
         """The request to its route's worker stream (the worker records its arrival and

@@ -80,6 +80,8 @@ class GatewayState:
         with contextlib.suppress(Exception):  # readiness reports it if Redis is away
             await self.directory.refresh()
             await self.api_keys.refresh()
+            if self.settings.gateway_id is not None:  # a fixed id: it may have run before
+                await self.dispatcher.abort_previous_incarnation(self.directory.statuses)
         self.heartbeat.start()  # a thread: a busy event loop cannot starve it
         self._refresher = asyncio.create_task(loop_with_backoff(self._refresh, self._stop))
         self.dispatcher.start()

@@ -7,6 +7,7 @@ from __future__ import annotations
 from shared.protocol.codec import SCHEMA_VERSION, ProtocolError, decode, encode
 from shared.protocol.limits import DEFAULT_LIMITS, Limits
 from shared.protocol.messages import (
+    AbortReplyStream,
     AbortRequest,
     RequestRow,
     RequestTable,
@@ -22,6 +23,7 @@ from shared.protocol.messages import (
 __all__ = [
     "DEFAULT_LIMITS",
     "SCHEMA_VERSION",
+    "AbortReplyStream",
     "AbortRequest",
     "Limits",
     "ProtocolError",

@@ -34,7 +34,8 @@ SCHEMA_VERSION = 15  # 2: columnar RequestTable snapshots; 3: TokenOutput.error_
 # 14: WorkerStatus carries the B_xfer in force and the measured link bandwidth
 # (b_xfer_blocks, link_bytes_per_s), for /metrics; TokenOutput.error_param names the field a
 # worker refused a request for; 15: TokenOutput.num_cached_tokens (prompt tokens served from
-# the prefix cache, on the first token's message)
+# the prefix cache, on the first token's message). A new message kind (AbortReplyStream) keeps
+# the version: no message changed, and a worker that does not know it logs and skips it.
 T = TypeVar("T")
 _REGISTRY: dict[str, type] = {}
 _HINTS: dict[type, list[tuple[str, Any]]] = {}

@@ -49,6 +49,17 @@ class AbortRequest:
     request_id: str
 
 
+@message("abort_stream")
+@dataclass(frozen=True, slots=True)
+class AbortReplyStream:
+    """A gateway restarted under its id: abort every request whose outputs go to
+    ``reply_stream`` (its previous incarnation's: nobody reads them). Sent to each worker's
+    request stream before the new incarnation submits anything, so the stream's order keeps
+    the new incarnation's requests out of it."""
+
+    reply_stream: str
+
+
 # ---- to a worker (its plan stream) ---------------------------------------------------------
 
 

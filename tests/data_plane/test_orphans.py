@@ -13,6 +13,8 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from data_plane.orphans import GatewayWatch
+from gateway.dispatcher import Dispatcher
+from gateway.inflight import InFlightRequests
 from shared import streams
 from tests.data_plane.worker_support import (
     RunningWorker,
@@ -134,3 +136,32 @@ async def _kill_one_of_two_gateways(
     assert lifecycle[b"finish_reason"] == b"abort" and lifecycle[b"orphaned"] == b"1"
     assert not running.worker.engine.has_unfinished()
     print(f"orphans aborted {aborted_after_s:.2f} s after their gateway died (dead_s {DEAD_S})")
+
+
+async def test_a_gateway_restarted_under_its_id_has_its_old_requests_aborted(
+    redis_client: Redis, stories_path: Path
+) -> None:
+    """Restarted within gateway_dead_s, its heartbeat never stood still: the old incarnation's
+    requests ran to max_tokens for nobody. The new incarnation tells the workers before it
+    submits; its own request, sent right after, is served."""
+    await redis_client.hset(streams.GATEWAYS_KEY, "doomed", f"{time.time():.3f}")
+    async with running_worker(settings(stories_path, num_hbm_blocks=512)) as running:
+        real_step = running.worker.engine.step
+
+        def slow_step() -> list:
+            time.sleep(0.03)
+            return real_step()
+
+        running.worker.engine.step = slow_step  # type: ignore[method-assign]
+        old = {f"d{i}" for i in range(3)}
+        await push(redis_client, *(submit(r, 250, DOOMED) for r in sorted(old)))
+        await _first_output(redis_client, DOOMED)  # they run
+        restarted = Dispatcher(redis_client, "doomed", 10, InFlightRequests())
+        await restarted.abort_previous_incarnation(["w0"])
+        await push(redis_client, submit("new", 8, DOOMED))
+        (new,) = (await finished_outputs(redis_client, {"new"}, 30, DOOMED)).values()
+        assert new.finish_reason == "length" and new.error is None
+        assert not old & set(running.worker.replies.request_ids())
+        lifecycle = await redis_client.hgetall(streams.request_lifecycle_key("d0"))
+        assert lifecycle[b"finish_reason"] == b"abort"
+    await redis_client.delete(DOOMED, streams.GATEWAYS_KEY)
