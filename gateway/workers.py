@@ -203,8 +203,8 @@ class WorkerDirectory:
 
     def predicted_lag_s(self, status: WorkerStatus) -> float:
         share = self.queued.get(status.worker_id, QueueShare())
-        return predicted_lag_s(
-            status.iteration_time_s,
+        return predicted_lag_s(  # idle (0 s a step): its measured decode step instead
+            max(status.iteration_time_s, status.decode_step_s),
             status.num_waiting_tokens + share.num_prompt_tokens,
             status.max_num_batched_tokens,
             kv_usage(status.num_hbm_blocks, status.num_free_hbm_blocks),

@@ -14,8 +14,9 @@ def predicted_lag_s(
     iteration_time_s: float, num_queued_tokens: int, max_num_batched_tokens: int, hbm_usage: float
 ) -> float:
     """How long a new request would wait on a worker: the iterations it takes to drain the
-    prompt tokens queued ahead of it, at its recent iteration time, weighted up by HBM pressure
-    (a full HBM pool admits by rotation, which is slower than into free blocks)."""
+    prompt tokens queued ahead of it, at its recent iteration time (an idle worker's: its
+    measured step time, never 0, or it drew every request of a burst), weighted up by HBM
+    pressure (a full HBM pool admits by rotation, which is slower than into free blocks)."""
     iterations = 1.0 + num_queued_tokens / max(1, max_num_batched_tokens)
     return max(iteration_time_s, 1e-3) * iterations * (1.0 + hbm_usage)
 

@@ -18,7 +18,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from gateway.dispatcher import Dispatcher
 from gateway.generation import GenerationParams, GenerationService
 from gateway.inflight import InFlightRequests, Route
+from gateway.limits import KeyLimiter
 from gateway.metrics import GatewayMetrics
+from gateway.placement import Placement
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from gateway.workers import WorkerDirectory
@@ -180,4 +182,26 @@ async def test_a_worker_that_never_beats_again_is_forgotten(redis_client: Redis)
         await directory.refresh()
     assert set(await redis_client.hkeys(streams.WORKERS_KEY)) == {b"live"}
     assert not await redis_client.exists(streams.worker_requests_stream("dead"))
+    await redis_client.delete(streams.WORKERS_KEY)
+
+
+async def test_a_burst_spreads_over_an_idle_and_a_lately_busy_worker(redis_client: Redis) -> None:
+    """An idle worker reports 0 s a step: it drew all 40 requests of a burst from one that had
+    just worked (its step time known) until the statuses caught up."""
+    directory = WorkerDirectory(redis_client, GatewaySettings(model="tiny-random"))
+    idle = _status("idle", iteration_time_s=0.0, decode_step_s=0.01)
+    lately_busy = _status("busy", iteration_time_s=0.01, decode_step_s=0.01)
+    for status in (idle, lately_busy):
+        await _beat(redis_client, status)
+    await directory.refresh()
+    for status in (idle, lately_busy):  # beating: alive on this gateway's clock
+        await _beat(redis_client, dataclasses.replace(status, t_heartbeat_s=time.time() + 0.5))
+    await directory.refresh()
+    keys = KeyLimiter(100, 1000.0)
+    chosen = []
+    for _ in range(40):
+        status = directory.choose(10)
+        Placement(directory, keys, status.worker_id, 10, None)  # counted where it went
+        chosen.append(status.worker_id)
+    assert min(chosen.count("idle"), chosen.count("busy")) >= 15, chosen
     await redis_client.delete(streams.WORKERS_KEY)
