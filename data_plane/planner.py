@@ -1,13 +1,15 @@
 """The worker's planner: under LVF, the control plane's newest plan when it is fresh and made
 with the knobs the worker holds, else the same ``shared.policy`` code run locally; the peers'
 policies (vllm, swap, edf...) always locally, as their engines plan (a remote plan is fitted
-with LVF's joining rules, which are not theirs). It owns the worker's
-one LVF residency controller (its value travels in the snapshots: the control plane plans with
-it). Switches are logged both ways. An iteration with nothing to decide
+with LVF's joining rules, which are not theirs). It owns the worker's one LVF residency
+controller (its value travels in the snapshots: the control plane plans with it). Switches are
+logged (at most once a second, with their count). An iteration with nothing to decide
 (:func:`~shared.policy.nothing_to_decide`: every request runs, its growth covered) is planned
 here whatever the source, and its snapshot need not be sent (:meth:`quiet`)."""
 
 from __future__ import annotations
+
+import time
 
 import structlog
 
@@ -17,6 +19,7 @@ from shared.policy.remote import fit_plan
 from shared.protocol import RotationPlan
 
 log = structlog.get_logger(__name__)
+SOURCE_LOG_INTERVAL_S = 1.0
 
 
 class HybridPlanner:
@@ -35,6 +38,9 @@ class HybridPlanner:
         self.num_remote_transitions = 0  # state changes taken from remote plans (still valid)
         self.num_quiet = 0  # iterations with nothing to decide (planned here, see quiet())
         self._quiet_iteration = -1  # the last such iteration
+        self.num_source_changes = 0
+        self._source_logged_s = -SOURCE_LOG_INTERVAL_S  # monotonic, of the last logged change
+        self._source_changes_logged = 0
 
     @property
     def knobs(self) -> Knobs:
@@ -131,8 +137,19 @@ class HybridPlanner:
         return plan
 
     def _switch(self, source: str, iteration: int) -> None:
-        if source != self.source:
+        """Logged at most once a second (fast steps outrun a plan's round trip, and the source
+        can change every few iterations), with the number of changes since the last line."""
+        if source == self.source:
+            return
+        self.source = source
+        self.num_source_changes += 1
+        now_s = time.monotonic()
+        if now_s - self._source_logged_s >= SOURCE_LOG_INTERVAL_S:
             log.info(
-                "plan_source_changed", source=source, previous=self.source, iteration=iteration
+                "plan_source_changed",
+                source=source,
+                iteration=iteration,
+                num_changes=self.num_source_changes - self._source_changes_logged,
             )
-            self.source = source
+            self._source_logged_s = now_s
+            self._source_changes_logged = self.num_source_changes
