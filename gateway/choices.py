@@ -62,8 +62,9 @@ class Choice:
             return
         prompt_ids = generation.params.prompt_token_ids
         logprobs.add_first(prompt_ids[0])
-        if generation.prompt_logprobs is not None:
-            logprobs.add(prompt_ids[1:], generation.prompt_logprobs)
+        if generation.prompt_logprobs is not None:  # computed for max(N, prompt_logprobs)
+            num_top = generation.params.sampling.logprobs
+            logprobs.add(prompt_ids[1:], generation.prompt_logprobs, num_top)
 
     def chat_logprobs(self, decode: Decode) -> dict[str, Any]:
         content = [

@@ -12,6 +12,7 @@ log-probability of -inf is written as -9999.0, as vLLM does."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,13 +44,21 @@ class CompletionLogprobs:
         """A position with no log-probability (the prompt's first token)."""
         self._add(token_id, None, None)
 
-    def add(self, token_ids: list[int] | tuple[int, ...], values: TokenLogprobs) -> None:
+    def add(
+        self,
+        token_ids: list[int] | tuple[int, ...],
+        values: TokenLogprobs,
+        num_top: int | None = None,
+    ) -> None:
         """Positions with their token's log-probability and a top map of that token first,
-        then the N most likely (up to N + 1 entries, as OpenAI's and vLLM's completions)."""
+        then the N most likely (up to N + 1 entries, as OpenAI's and vLLM's completions;
+        ``num_top`` caps N below what ``values`` carries: echoed prompt positions computed
+        for a larger ``prompt_logprobs``)."""
         for i, token_id in enumerate(token_ids):
             logprob = _finite(values.logprobs[i])
             top = {self.decode(token_id): logprob}
-            for t, v in zip(values.top_ids[i], values.top_logprobs[i], strict=True):
+            pairs = zip(values.top_ids[i], values.top_logprobs[i], strict=True)
+            for t, v in itertools.islice(pairs, num_top):
                 top.setdefault(self.decode(t), _finite(v))
             self._add(token_id, logprob, top)
 

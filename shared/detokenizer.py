@@ -24,8 +24,9 @@ class IncrementalDetokenizer:
         min_tokens: int = 0,
         include_stop_str: bool = False,
     ) -> None:
-        """``min_tokens``: stop strings count only from that many output tokens on (vLLM's
-        rule); ``include_stop_str``: the text ends after the stop string, not before it."""
+        """``min_tokens``: a stop string counts only if it ends in the text of a token after
+        the first ``min_tokens`` (vLLM's rule); ``include_stop_str``: the text ends after the
+        stop string, not before it."""
         self._tokenizer = tokenizer
         self._min_tokens = min_tokens
         self._include_stop_str = include_stop_str
@@ -37,6 +38,7 @@ class IncrementalDetokenizer:
         self._hold_chars = max((len(s) for s in self._stop), default=1) - 1
         self._raw = ""  # decoded output text (cut at a stop string once one is seen)
         self._num_emitted = 0  # characters of _raw already released
+        self._stop_after = 0  # a stop string must end past this many characters (min_tokens)
         self.stopped = False  # a stop string was found: the request is over
         self.stop_string: str | None = None  # the one found (vLLM's stop_reason)
 
@@ -52,7 +54,10 @@ class IncrementalDetokenizer:
             self._ids.append(token)
             self._num_tokens += 1
             self._raw += self._decode_delta()
-            self._check_stop()
+            if self._num_tokens <= self._min_tokens:
+                self._stop_after = len(self._raw)
+            else:
+                self._check_stop()
         end = len(self._raw) if self.stopped else len(self._raw) - self._hold_chars
         return self._release(end)
 
@@ -79,10 +84,14 @@ class IncrementalDetokenizer:
         return new_text[len(prefix_text) :]
 
     def _check_stop(self) -> None:
-        if not self._stop or self._num_tokens < self._min_tokens:
+        if not self._stop or self._num_tokens <= self._min_tokens:
             return
         start = max(0, self._num_emitted - self._hold_chars)
-        hits = [(i, len(s), s) for s in self._stop if (i := self._raw.find(s, start)) >= 0]
+        hits = [
+            (i, len(s), s)
+            for s in self._stop
+            if (i := self._raw.find(s, max(start, self._stop_after - len(s) + 1))) >= 0
+        ]
         if hits:
             index, length, self.stop_string = min(hits)
             self._raw = self._raw[: index + length if self._include_stop_str else index]

@@ -132,6 +132,36 @@ class Engine:
     ) -> Request:
         """Queue a request; raises :class:`RequestError` if it can never be served.
         ``tenant``: who it is served for (the policy's per-tenant fairness)."""
+        self._check_servable(request_id, prompt_token_ids, params)
+        self._arrival_seq += 1
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            params=params,
+            t_arr_s=self.clock() if t_arr_s is None else t_arr_s,
+            arrival_seq=self._arrival_seq,
+            priority=priority,
+            slo_ttft_s=slo_ttft_s,
+            slo_tbt_s=slo_tbt_s,
+        )
+        if params.structured is not None:
+            if self.grammars is None:
+                raise RequestError("this engine serves no structured outputs")
+            request.grammar = self.grammars.matcher(params.structured)
+        # last: a request refused above must not count as one of its tenant's live requests
+        request.tenant = self.tenants.enter(tenant, request.t_arr_s)
+        if params.prompt_logprobs is None:  # else its whole prompt is computed: no cache hit
+            request.block_keys = self.kv.prefix_keys(request.prompt_token_ids)
+        # masked until min_tokens: EOS too under ignore_eos (vLLM's rule)
+        request.stop_ids = tuple(dict.fromkeys((*self.eos_token_ids, *params.stop_token_ids)))
+        self.requests[request_id] = request
+        self.waiting.append(request)
+        return request
+
+    def _check_servable(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> None:
+        """RequestError (naming the field at fault) for a request that can never be served."""
         if request_id in self.requests:
             raise RequestError(f"request id {request_id!r} is already in the engine")
         if not prompt_token_ids:
@@ -162,30 +192,6 @@ class Engine:
                 f"prompt needs {needed} KV blocks; the HBM pool has {self.kv.num_hbm_blocks}",
                 "prompt",
             )
-        self._arrival_seq += 1
-        request = Request(
-            request_id=request_id,
-            prompt_token_ids=list(prompt_token_ids),
-            params=params,
-            t_arr_s=self.clock() if t_arr_s is None else t_arr_s,
-            arrival_seq=self._arrival_seq,
-            priority=priority,
-            slo_ttft_s=slo_ttft_s,
-            slo_tbt_s=slo_tbt_s,
-        )
-        if params.structured is not None:
-            if self.grammars is None:
-                raise RequestError("this engine serves no structured outputs")
-            request.grammar = self.grammars.matcher(params.structured)
-        # last: a request refused above must not count as one of its tenant's live requests
-        request.tenant = self.tenants.enter(tenant, request.t_arr_s)
-        if params.prompt_logprobs is None:  # else its whole prompt is computed: no cache hit
-            request.block_keys = self.kv.prefix_keys(request.prompt_token_ids)
-        eos_ids = () if params.ignore_eos else self.eos_token_ids
-        request.stop_ids = tuple(dict.fromkeys((*eos_ids, *params.stop_token_ids)))
-        self.requests[request_id] = request
-        self.waiting.append(request)
-        return request
 
     def grammar_ready(self, structured: StructuredOutput) -> bool:
         """Whether :meth:`add_request` finds ``structured`` compiled (or refuses it at once:

@@ -17,8 +17,9 @@ ROWS_PER_SLICE = 256
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: list[int], num_top: list[int]) -> TokenLogprobs:
-    """Row i's log-probability of ``token_ids[i]``, its rank, and the row's ``num_top[i]``
-    most likely tokens (most likely first), for the rows of ``logits``."""
+    """Row i's log-probability of ``token_ids[i]``, its rank (how many tokens are at least as
+    likely: vLLM's count) and the row's ``num_top[i]`` most likely tokens (most likely first),
+    for the rows of ``logits``."""
     num_rows = logits.shape[0]
     if len(token_ids) != num_rows or len(num_top) != num_rows:
         raise ValueError("one token id and one top count per row of logits")
@@ -32,7 +33,7 @@ def token_logprobs(logits: torch.Tensor, token_ids: list[int], num_top: list[int
         ids = torch.tensor(token_ids[start:stop], dtype=torch.long, device=logits.device)
         values_of_ids = logprobs.gather(1, ids.unsqueeze(1))
         chosen.extend(values_of_ids.squeeze(1).tolist())
-        ranks.extend((1 + (logprobs > values_of_ids).sum(dim=1)).tolist())
+        ranks.extend((logprobs >= values_of_ids).sum(dim=1).tolist())  # ties: vLLM's rank
         k = min(max(num_top[start:stop]), logprobs.shape[-1])
         if k > 0:
             values, indices = logprobs.topk(k, dim=-1)

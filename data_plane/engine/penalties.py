@@ -1,7 +1,8 @@
-"""Penalties and logit bias over a batch of logits rows (before temperature): OpenAI's presence
-and frequency penalties over each row's generated tokens, the repetition penalty over its prompt
-and generated tokens (transformers' and vLLM's rule), and logit_bias. Only the rows that ask
-for one are touched; their token lists become one padded index tensor each."""
+"""Logit bias and penalties over a batch of logits rows (before temperature), in vLLM's order:
+logit_bias first, then the repetition penalty over each row's prompt and generated tokens
+(transformers' and vLLM's rule), then OpenAI's frequency and presence penalties over its
+generated tokens. Only the rows that ask for one are touched; their token lists become one
+padded index tensor each."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from data_plane.engine.sampling import SamplingRow
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """``logits`` with every row's penalties and bias applied (a copy when any row has one)."""
+    """``logits`` with every row's bias and penalties applied (a copy when any row has one)."""
     index = [i for i, row in enumerate(rows) if row.params.penalized]
     if not index:
         return logits
@@ -21,6 +22,15 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
     chosen = [rows[i] for i in index]
     sub = logits[index].float()
     params = [row.params for row in chosen]
+    bias_rows = [k for k, p in enumerate(params) for _ in p.logit_bias_ids]
+    if bias_rows:
+        bias_ids = [t for p in params for t in p.logit_bias_ids]
+        bias_values = torch.tensor([v for p in params for v in p.logit_bias_values], device=device)
+        sub.index_put_(
+            (torch.tensor(bias_rows, device=device), torch.tensor(bias_ids, device=device)),
+            bias_values,
+            accumulate=True,
+        )
     repetition = [p.repetition_penalty for p in params]
     if any(r != 1.0 for r in repetition):
         seen = _counts([[*r.prompt_ids, *r.output_ids] for r in chosen], vocab, device) > 0
@@ -33,15 +43,6 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
         counts = _counts([r.output_ids for r in chosen], vocab, device)
         sub -= torch.tensor(frequency, device=device).unsqueeze(1) * counts
         sub -= torch.tensor(presence, device=device).unsqueeze(1) * (counts > 0)
-    bias_rows = [k for k, p in enumerate(params) for _ in p.logit_bias_ids]
-    if bias_rows:
-        bias_ids = [t for p in params for t in p.logit_bias_ids]
-        bias_values = torch.tensor([v for p in params for v in p.logit_bias_values], device=device)
-        sub.index_put_(
-            (torch.tensor(bias_rows, device=device), torch.tensor(bias_ids, device=device)),
-            bias_values,
-            accumulate=True,
-        )
     out = logits.clone()
     out[index] = sub.to(logits.dtype)
     return out

@@ -96,8 +96,8 @@ class Request:
     # With prefix caching: the keys of the full blocks known so far (the prompt's at arrival,
     # generated blocks as they fill), data_plane/kv/prefix_cache.py's hash chain.
     block_keys: list[int] = field(default_factory=list)
-    # The tokens that end it: EOS (unless ignore_eos) and its stop_token_ids; never sampled
-    # before min_tokens.
+    # Never sampled before min_tokens: EOS (under ignore_eos too, as vLLM) and its
+    # stop_token_ids (which of them end it: output.check_stop).
     stop_ids: tuple[int, ...] = ()
     # With params.prompt_logprobs: those of prompt tokens 1.. as computed so far, until they
     # go out with the first token (then None; a recompute after preemption adds none again).

@@ -1,9 +1,9 @@
 """The sampler: one token per row, for the whole batch at once on the logits' device.
 
-Penalties and logit bias (:mod:`data_plane.engine.penalties`), greedy, temperature, top-k,
-top-p, min-p and ``min_tokens`` (a row's stop tokens masked until it has generated that many)
-are batched tensor ops with no Python loop over rows' logits and no host
-copy of the logits; only the chosen ids come back. On a GPU a draw is the exponential race
+Logit bias and penalties (:mod:`data_plane.engine.penalties`), ``min_tokens`` (a row's stop
+tokens masked until it has generated that many), greedy, temperature, min-p, top-k and top-p
+(vLLM's order) are batched tensor ops with no Python loop over rows' logits and no host copy
+of the logits; only the chosen ids come back. On a GPU a draw is the exponential race
 (argmax of p / q, q ~ Exp(1): the multinomial's distribution with no host sync), on the CPU
 the inverse of each row's cumulative distribution (one random number a row). Unseeded rows
 draw from the sampler's generator in one call for the batch; a seeded row from a generator
@@ -116,33 +116,37 @@ def _column(values: list[float], device: torch.device) -> torch.Tensor:
 def _filtered_probs(
     logits: torch.Tensor, rows: list[SamplingRow], greedy: list[bool]
 ) -> torch.Tensor:
-    """Each row's distribution after temperature, top-k, top-p and min-p (float32)."""
+    """Each row's distribution after temperature, min-p, top-k and top-p, in vLLM's order
+    (float32)."""
     device, vocab = logits.device, logits.shape[-1]
     params = [row.params for row in rows]
     temperatures = [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]
     scaled = logits.float() / _column(temperatures, device)
+    min_p = [p.min_p for p in params]
+    if any(m > 0.0 for m in min_p):
+        probs = torch.softmax(scaled, dim=-1)
+        floor = probs.amax(dim=-1, keepdim=True) * _column(min_p, device)
+        scaled = scaled.masked_fill(probs < floor, float("-inf"))
     top_k = [vocab if p.top_k is None else min(p.top_k, vocab) for p in params]
     top_p = [p.top_p for p in params]
     if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
         scaled = _top_k_top_p(scaled, top_k, top_p)
-    probs = torch.softmax(scaled, dim=-1)
-    min_p = [p.min_p for p in params]
-    if any(m > 0.0 for m in min_p):
-        floor = probs.amax(dim=-1, keepdim=True) * _column(min_p, device)
-        probs = probs.masked_fill(probs < floor, 0.0)
-    return probs
+    return torch.softmax(scaled, dim=-1)
 
 
 def _top_k_top_p(scaled: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
-    """Logits outside each row's top k, and past its top-p mass (the token that crosses it
-    kept), at -inf: one sort for the batch."""
-    device = scaled.device
-    ordered, order = scaled.sort(dim=-1, descending=True)
-    positions = torch.arange(scaled.shape[-1], device=device).unsqueeze(0)
-    k = torch.tensor(top_k, device=device).unsqueeze(1)
-    ordered = ordered.masked_fill(positions >= k, float("-inf"))
+    """Logits under each row's k-th largest (ties kept), then those whose mass, summed from
+    the least likely up, stays within ``1 - top_p`` (the most likely always kept), at -inf:
+    one ascending sort for the batch, vLLM's rule. A row with ``top_p`` 1 loses only tokens
+    of probability 0, whatever the other rows ask."""
+    device, vocab = scaled.device, scaled.shape[-1]
+    ordered, order = scaled.sort(dim=-1)
+    if any(k < vocab for k in top_k):
+        first_kept = torch.tensor([vocab - k for k in top_k], device=device).unsqueeze(1)
+        ordered = ordered.masked_fill(ordered < ordered.gather(1, first_kept), float("-inf"))
     if any(p < 1.0 for p in top_p):
-        probs = torch.softmax(ordered, dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs
-        ordered = ordered.masked_fill(mass_before > _column(top_p, device), float("-inf"))
-    return torch.full_like(scaled, float("-inf")).scatter_(1, order, ordered)
+        mass_up_to = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
+        dropped = mass_up_to <= 1.0 - _column(top_p, device)
+        dropped[:, -1] = False
+        ordered = ordered.masked_fill(dropped, float("-inf"))
+    return torch.empty_like(scaled).scatter_(1, order, ordered)

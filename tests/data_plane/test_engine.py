@@ -254,3 +254,20 @@ def test_tiny_temperatures_sample_greedily_instead_of_nan() -> None:
     logits = torch.tensor([[1.0, 5.0, 2.0], [300.0, -300.0, 299.0]])
     rows = [SamplingRow(SamplingParams(temperature=t), 0) for t in (1e-300, 1e-6)]
     assert Sampler().sample(logits, rows) == [1, 0]
+
+
+def test_min_tokens_masks_eos_under_ignore_eos_too(stories) -> None:
+    """vLLM's rule: EOS is a stop token for min_tokens whatever ignore_eos says; past
+    min_tokens, under ignore_eos, a drawn EOS does not end the request."""
+    eos = 2  # stories260K's
+    params = SamplingParams(
+        max_tokens=8,
+        temperature=0,
+        ignore_eos=True,
+        min_tokens=5,
+        logit_bias_ids=(eos,),
+        logit_bias_values=(100.0,),
+    )
+    _, (result,) = _run(stories, EngineConfig(), [[1]], [params])
+    assert eos not in result.token_ids[:5]
+    assert result.token_ids[5:] == [eos] * 3 and result.finish_reason == "length"

@@ -14,6 +14,7 @@ import torch
 from data_plane.engine.config import EngineConfig
 from data_plane.engine.engine import Engine
 from data_plane.engine.llm import build_engine
+from data_plane.engine.logprobs import token_logprobs
 from data_plane.engine.sampling import SamplingParams
 from data_plane.models import load_model
 from shared.logprobs import TokenLogprobs, concat
@@ -121,3 +122,9 @@ def test_a_prompt_logprobs_request_takes_no_prefix_hit(
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
     out = _run(engine, {"again": (prompt, params)})
     _check(out["again"]["prompt"], _reference(model, prompt)[:-1], prompt[1:], 1)
+
+
+def test_a_tied_tokens_rank_counts_every_token_at_least_as_likely() -> None:
+    """vLLM's rank: how many tokens have a log-probability >= the token's (ties counted)."""
+    logits = torch.tensor([[1.0, 1.0, 0.0], [3.0, 1.0, 0.0]])
+    assert token_logprobs(logits, [1, 0], [0, 0]).ranks == [2, 1]

@@ -1,16 +1,19 @@
-"""The batched sampler against the distributions it must draw from, computed here directly
-from the logits (softmax, sorted cut-offs), and its guarantees: greedy exact, seeded rows
+"""The batched sampler against the distributions it must draw from (transformers' warpers in
+vLLM's order, and cases where that order decides), and its guarantees: greedy exact, seeded rows
 reproducible whatever the batch, stop tokens never drawn under min_tokens."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from data_plane.engine.penalties import apply_penalties
-from data_plane.engine.sampler import Sampler
+from data_plane.engine.sampler import Sampler, _filtered_probs
 from data_plane.engine.sampling import SamplingRow
 from shared.sampling import SamplingParams
 
@@ -38,30 +41,28 @@ def _frequencies(logits: torch.Tensor, row: SamplingRow, num_draws: int) -> torc
 
 def _reference(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float,
                min_p: float) -> torch.Tensor:  # fmt: skip
-    """The target distribution, one filter at a time over the sorted tokens."""
-    scaled = logits.double() / temperature
-    order = scaled.argsort(descending=True).tolist()
-    keep = set(order[: top_k or VOCAB])
-    probs = torch.softmax(scaled.masked_fill(~_mask(keep), -math.inf), dim=-1)
-    mass = 0.0
-    for token in order:
-        if token in keep and mass > top_p:
-            keep.discard(token)
-        mass += float(probs[token])
-    probs = torch.softmax(scaled.masked_fill(~_mask(keep), -math.inf), dim=-1)
-    probs = probs.masked_fill(probs < min_p * probs.max(), 0.0)
-    return probs / probs.sum()
-
-
-def _mask(tokens: set[int]) -> torch.Tensor:
-    mask = torch.zeros(VOCAB, dtype=torch.bool)
-    mask[list(tokens)] = True
-    return mask
+    """The target distribution: transformers' warpers, in vLLM's order (temperature, min-p,
+    top-k, top-p)."""
+    scores = (logits.double() / temperature).unsqueeze(0)
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    if min_p > 0.0:
+        scores = MinPLogitsWarper(min_p)(ids, scores)
+    if top_k:
+        scores = TopKLogitsWarper(top_k)(ids, scores)
+    if top_p < 1.0:
+        scores = TopPLogitsWarper(top_p)(ids, scores)
+    return torch.softmax(scores[0], dim=-1)
 
 
 @pytest.mark.parametrize(
     ("temperature", "top_k", "top_p", "min_p"),
-    [(1.0, None, 1.0, 0.0), (0.7, 5, 1.0, 0.0), (1.3, None, 0.8, 0.0), (1.0, 8, 0.9, 0.1)],
+    [
+        (1.0, None, 1.0, 0.0),
+        (0.7, 5, 1.0, 0.0),
+        (1.3, None, 0.8, 0.0),
+        (1.0, 8, 0.9, 0.1),
+        (1.0, None, 0.6, 0.15),
+    ],
 )
 def test_draws_follow_the_filtered_distribution(
     temperature: float, top_k: int | None, top_p: float, min_p: float
@@ -141,3 +142,36 @@ def test_penalties_match_transformers_and_openai_formulas() -> None:
     plain = [SamplingRow.of(SamplingParams(max_tokens=8), prompt, output, ())]
     assert plain[0].prompt_ids == ()  # rows without penalties carry no token lists
     assert torch.equal(apply_penalties(logits[:1], plain), logits[:1])
+
+
+def test_vllms_order_min_p_before_top_p_and_bias_before_penalties() -> None:
+    """Where the order decides: min-p cuts before top-p measures its mass (vLLM's argmax-
+    invariant processors run before top-k/top-p), and logit_bias is added before the
+    repetition penalty divides (vLLM's logits processors before its penalties)."""
+    probs = torch.tensor([0.5, 0.3, 0.1, 0.1] + [0.0] * (VOCAB - 4))
+    logits = probs.clamp_min(1e-30).log()
+    row = _row(min_p=0.3, top_p=0.6)  # min-p leaves (.625, .375); top-p 0.6 then keeps one
+    assert _frequencies(logits, row, 2_000)[0] == 1.0
+    biased = SamplingParams(
+        max_tokens=8,
+        temperature=0.0,
+        repetition_penalty=2.0,
+        logit_bias_ids=(1,),
+        logit_bias_values=(4.0,),
+    )
+    rows = [SamplingRow.of(biased, [1], [], ())]  # token 1 in the prompt: (0 + 4) / 2 < 3
+    assert Sampler().sample(torch.tensor([[3.0, 0.0] + [-9.0] * (VOCAB - 2)]), rows) == [0]
+
+
+def test_top_k_keeps_ties_and_top_p_one_keeps_the_whole_tail() -> None:
+    """top-k cuts below the k-th largest logit, so tokens tied with it stay (vLLM's and
+    transformers' rule); a row with top-p 1 keeps every token of non-zero probability even
+    beside a top-p row over a 128k vocabulary (a float32 running sum passes 1 there)."""
+    tied = torch.tensor([1.0, 1.0, 1.0] + [0.0] * (VOCAB - 3))
+    seen = _frequencies(tied, _row(top_k=1), 6_000)
+    assert torch.all(seen[:3] > 0.28) and float(seen[3:].sum()) == 0.0
+    vocab = 128_256
+    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(7)) * 3
+    rows = [_row(), _row(top_p=0.9)]
+    batched = _filtered_probs(logits, rows, [False, False])[0]
+    assert torch.equal(batched > 0, torch.softmax(logits[0], dim=-1) > 0)

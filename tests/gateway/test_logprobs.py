@@ -82,13 +82,17 @@ def test_completions_echo_logprobs_are_what_lm_eval_reads(
     served: Served, reference: StoriesReference
 ) -> None:
     """lm-eval's loglikelihood request: token-id prompts, echo, logprobs 1, max_tokens 0 or 1,
-    temperature 0; token_logprobs[0] is null and the rest the prompt's, position by position."""
+    temperature 0; token_logprobs[0] is null and the rest the prompt's, position by position.
+    A larger vLLM ``prompt_logprobs`` fills its own field; the echoed maps keep N + 1."""
     prompt = _tokenize(served, "Once upon a time, there was a little girl")
     expected = reference.logprobs(prompt)
-    for max_tokens in (0, 1):
+    for max_tokens, extra in ((0, {}), (1, {}), (1, {"prompt_logprobs": 3})):
         body = {"model": MODEL, "prompt": prompt, "echo": True, "logprobs": 1,
-                "max_tokens": max_tokens, "temperature": 0}  # fmt: skip
+                "max_tokens": max_tokens, "temperature": 0, **extra}  # fmt: skip
         out = httpx.post(f"{served.url}/v1/completions", json=body, timeout=60).json()
+        if extra:
+            prompt_logprobs = out["choices"][0]["prompt_logprobs"]
+            assert {len(entry) for entry in prompt_logprobs[1:]} <= {3, 4}
         logprobs = out["choices"][0]["logprobs"]
         num = len(prompt) + max_tokens
         assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == num

@@ -70,3 +70,32 @@ def test_partial_stop_prefix_is_released_when_it_does_not_complete() -> None:
     deltas = [detok.add([t]) for t in tok.encode("a STO b", add_bos=False)]
     assert "".join(deltas) + detok.flush() == "a STO b"
     assert not detok.stopped
+
+
+def _vllm_stop(text: str, stops: list[str], min_tokens: int) -> str:
+    """vLLM's rule for one-character tokens, written out: at each token past ``min_tokens``,
+    a stop string counts if it ends in that token's text; the first token with one ends the
+    text before the earliest such string."""
+    for end in range(min_tokens + 1, len(text) + 1):
+        starts = [end - len(s) for s in stops if s and text[:end].endswith(s)]
+        if starts:
+            return text[: min(starts)]
+    return text
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(alphabet="abX", min_size=1, max_size=16),
+    stops=st.lists(st.text(alphabet="abX", min_size=1, max_size=3), min_size=1, max_size=2),
+    min_tokens=st.integers(0, 6),
+    step=st.integers(1, 3),
+)
+def test_stop_strings_count_only_when_they_end_past_min_tokens(
+    text: str, stops: list[str], min_tokens: int, step: int
+) -> None:
+    """A stop string lying wholly in the first ``min_tokens`` tokens' text, or ending in the
+    ``min_tokens``-th, never stops the request (vLLM's check starts after that token)."""
+    tok = ByteTokenizer()
+    detok = IncrementalDetokenizer(tok, tok.encode("ab"), stops, min_tokens=min_tokens)
+    deltas = _stream(detok, tok.encode(text, add_bos=False), step)
+    assert "".join(deltas) == _vllm_stop(text, stops, min_tokens)
