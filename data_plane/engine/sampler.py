@@ -76,7 +76,9 @@ def _exponential_race(
     for i, seed in enumerate(seeds):
         if seed is not None:
             noise[i].exponential_(generator=_seeded(rows[i], seed, probs.device))
-    return (probs / noise).argmax(dim=-1)
+    # a 0 draw (older CUDA builds' exponential_ could give one) would make 0 / 0 = NaN, which
+    # argmax takes as the largest: a masked token chosen
+    return (probs / noise.clamp_(min=torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
 
 
 def _inverse_cdf(
