@@ -146,9 +146,23 @@ def _default(
 # ---- the template environment ------------------------------------------------------------
 
 
+class _GenerationTag(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}`` (transformers' assistant-mask tag, used by
+    templates made for training): rendered as its body, as ``apply_chat_template`` does
+    when no assistant mask is asked for."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> list[Any]:
+        next(parser.stream)  # the tag's name
+        return list(parser.parse_statements(("name:endgeneration",), drop_needle=True))
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols, _GenerationTag],
     )
     env.filters["tojson"] = _tojson
     env.globals.update(

@@ -1,5 +1,5 @@
 """Chat templates render as transformers renders them (loop controls, its tojson, strftime_now,
-namespace, chat_template_kwargs, continue_final_message), and the operator's template (a file
+namespace, chat_template_kwargs, continue_final_message, its generation tag), and the operator's template (a file
 or inline) replaces the model's, also behind a running gateway on both lanes."""
 
 from __future__ import annotations
@@ -67,6 +67,19 @@ def test_renders_as_transformers_does(
     assert "café 😀" in ours and '"role": "user",\n  "content"' in ours
     assert "never rendered" not in ours and "skipped" not in ours
     assert ("thinking=False" in ours) == bool(kwargs)
+
+
+def test_generation_tags_render_their_body_as_transformers_does() -> None:
+    """Templates written for training mark the assistant's turns with transformers'
+    ``{% generation %}`` tag: rendered as their body."""
+    template = (
+        "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}"
+        "<a>{{ m.content }}</a>{% endgeneration %}{% else %}<u>{{ m.content }}</u>{% endif %}"
+        "{% endfor %}"
+    )
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    ours = _renderer(template).render(messages, False)
+    assert ours == _transformers(template, messages) == "<u>Hi</u><a>Hello</a>"
 
 
 @pytest.mark.parametrize("trim", ["", " | trim"])
