@@ -151,7 +151,7 @@ class _GenerationTag(jinja2.ext.Extension):
     templates made for training): rendered as its body, as ``apply_chat_template`` does
     when no assistant mask is asked for."""
 
-    tags = {"generation"}
+    tags = {"generation"}  # noqa: RUF012 (jinja2.ext.Extension declares it a set)
 
     def parse(self, parser: Any) -> list[Any]:
         next(parser.stream)  # the tag's name

@@ -33,9 +33,10 @@ class PromptEncoder:
         self.max_chars = max_chars
         self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="tokenize")
         self._small_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize-small")
-        # one token's text (log-probabilities name tokens by it): cached, at most this many
+        # one token's text (log-probabilities name tokens by it; a special token by its text,
+        # as vLLM and the echoed prompt write it): cached, at most this many
         self.token_text: Callable[[int], str] = functools.lru_cache(maxsize=65_536)(
-            lambda token_id: tokenizer.decode([token_id])
+            lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)
         )
 
     async def completion(self, prompt: Any) -> list[list[int]]:
@@ -73,7 +74,8 @@ class PromptEncoder:
         return await self._off_loop(len(text), self._encode, text, add_special_tokens, "prompt")
 
     async def decode(self, token_ids: list[int], each: bool = False) -> list[str]:
-        """The text of ``token_ids`` (``/detokenize``), then with ``each`` every token's piece
+        """The text of ``token_ids``, special tokens included (``/detokenize`` and an echoed
+        token-id prompt, as vLLM's: Hugging Face's decode), then with ``each`` every token's piece
         as the vocabulary writes it (``/tokenize``'s token_strs, vLLM's
         ``convert_ids_to_tokens``: special tokens included); 400 for an id the tokenizer does
         not know."""
@@ -118,7 +120,7 @@ class PromptEncoder:
         self.check_ids(token_ids, "tokens")  # a tokenizer drops what it does not know
         try:
             pieces = [tokenizer.token_piece(t) for t in token_ids] if each else []
-            return [tokenizer.decode(token_ids), *pieces]
+            return [tokenizer.decode(token_ids, skip_special_tokens=False), *pieces]
         except (IndexError, KeyError, ValueError, OverflowError, TypeError) as exc:
             message = f"tokens: not ids of this tokenizer ({exc})"[:200]
             raise APIError(400, message, param="tokens") from exc

@@ -34,8 +34,13 @@ class ByteTokenizer:
         ids = [b + self.offset for b in text.encode("utf-8")]
         return [1, *ids] if add_bos else ids
 
-    def decode(self, token_ids: list[int]) -> str:
-        raw = bytes(t - self.offset for t in token_ids if self.offset <= t < self.offset + 256)
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        raw = bytearray()
+        for t in token_ids:
+            if self.offset <= t < self.offset + 256:
+                raw.append(t - self.offset)
+            elif not skip_special_tokens:
+                raw += self.token_piece(t).encode()
         return raw.decode("utf-8", errors="replace")
 
     def token_piece(self, token_id: int) -> str:
@@ -163,11 +168,13 @@ class Llama2cTokenizer:
         ``<s>`` and ``</s>``, which the file writes with newlines around them)."""
         return self.vocab[token_id].decode("utf-8", "backslashreplace").strip("\n")
 
-    def decode(self, token_ids: list[int]) -> str:
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         out = bytearray()
         previous = 0
         for token in token_ids:
             if token in (1, 2):
+                if not skip_special_tokens:
+                    out += self.token_piece(token).encode()
                 previous = token
                 continue
             piece = self.vocab[token]

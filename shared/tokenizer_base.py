@@ -16,7 +16,10 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]: ...
 
-    def decode(self, token_ids: list[int]) -> str: ...
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        """The text of ``token_ids``; special tokens (BOS, ``<|im_start|>``...) left out, or
+        written as their text with ``skip_special_tokens`` False (Hugging Face's default)."""
+        ...
 
     def token_piece(self, token_id: int) -> str:
         """The token as the vocabulary writes it (Hugging Face's ``convert_ids_to_tokens``:
@@ -56,8 +59,8 @@ class HFTokenizer:
         ``add_bos`` is False (chat templates write their own)."""
         return list(self._tok.encode(text, add_special_tokens=add_bos).ids)
 
-    def decode(self, token_ids: list[int]) -> str:
-        return str(self._tok.decode(token_ids, skip_special_tokens=True))
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return str(self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens))
 
     def token_piece(self, token_id: int) -> str:
         piece = self._tok.id_to_token(token_id)

@@ -1,6 +1,7 @@
 """Chat templates render as transformers renders them (loop controls, its tojson, strftime_now,
-namespace, chat_template_kwargs, continue_final_message, its generation tag), and the operator's template (a file
-or inline) replaces the model's, also behind a running gateway on both lanes."""
+namespace, chat_template_kwargs, continue_final_message, its generation tag), and the
+operator's template (a file or inline) replaces the model's, also behind a running gateway on
+both lanes."""
 
 from __future__ import annotations
 

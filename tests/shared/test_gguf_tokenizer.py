@@ -260,14 +260,15 @@ async def test_detokenizing_an_unknown_id_is_a_400_not_a_silent_drop() -> None:
         with pytest.raises(APIError, match=str(tokenizer.vocab_size)) as refused:
             await encoder.decode([5, tokenizer.vocab_size])
         assert refused.value.status_code == 400 and refused.value.param == "tokens"
-        assert (await encoder.decode([5])) == [tokenizer.decode([5])]
+        assert (await encoder.decode([5])) == [_reference(path).decode([5])]  # a special one
     finally:
         encoder.close()
 
 
 async def test_token_strs_are_the_vocabularys_pieces_as_transformers_names_them() -> None:
     """``/tokenize``'s ``token_strs`` (vLLM: ``convert_ids_to_tokens``): special tokens were
-    "" (each token decoded alone, special tokens skipped) and others their decoded text."""
+    "" (each token decoded alone, special tokens skipped) and others their decoded text.
+    ``/detokenize``'s text is Hugging Face's default decode (vLLM's): special tokens kept."""
     from gateway.prompts import PromptEncoder
 
     path = _smollm_path()
@@ -280,4 +281,31 @@ async def test_token_strs_are_the_vocabularys_pieces_as_transformers_names_them(
     finally:
         encoder.close()
     assert pieces == reference.convert_ids_to_tokens(ids)
-    assert pieces[0] == "<|im_start|>" and text == reference.decode(ids, skip_special_tokens=True)
+    assert pieces[0] == "<|im_start|>" and text == reference.decode(ids)
+    assert text.startswith("<|im_start|>user\n")
+
+
+async def test_echoed_special_tokens_are_named_and_offset_as_the_echoed_text() -> None:
+    """An echoed chat-formatted prompt: each position's token names special tokens by their
+    text (vLLM's), so ``text[text_offset[i]:]`` starts with ``tokens[i]`` all along, for a
+    text prompt as for its token ids."""
+    from gateway.logprobs_format import CompletionLogprobs
+    from gateway.prompts import PromptEncoder
+
+    path = _smollm_path()
+    tokenizer = load_tokenizer_bundle(str(path)).tokenizer
+    prompt = "<|im_start|>user\nRepeat: café 中文<|im_end|>\n<|im_start|>assistant\n"
+    ids = _reference(path).encode(prompt)
+    encoder = PromptEncoder(tokenizer, None, 1000, 1)  # type: ignore[arg-type]
+    try:
+        (echoed_ids,) = await encoder.decode(ids)
+    finally:
+        encoder.close()
+    assert echoed_ids == prompt
+    logprobs = CompletionLogprobs(encoder.token_text)
+    for token_id in ids:
+        logprobs.add_first(token_id)
+    body = logprobs.take()
+    assert body["tokens"][0] == "<|im_start|>"
+    for token, offset in zip(body["tokens"], body["text_offset"], strict=True):
+        assert prompt[offset:].startswith(token)
