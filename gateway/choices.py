@@ -20,7 +20,7 @@ from fastapi import Request
 
 from gateway.errors import APIError
 from gateway.generation import KEEPALIVE, Delta, Generation
-from gateway.logprobs_format import CompletionLogprobs, Decode, chat_content
+from gateway.logprobs_format import CompletionLogprobs, Decode, TokenNames, chat_content
 from gateway.sse import KEEPALIVE_EVENT, ChunkBuilder, ChunkFormat
 from gateway.tools import ToolStream, calls_finish_reason
 
@@ -66,12 +66,12 @@ class Choice:
             num_top = generation.params.sampling.logprobs
             logprobs.add(prompt_ids[1:], generation.prompt_logprobs, num_top)
 
-    def chat_logprobs(self, decode: Decode) -> dict[str, Any]:
+    def chat_logprobs(self, names: TokenNames) -> dict[str, Any]:
         content = [
             entry
             for delta in self.deltas
             if delta.logprobs is not None
-            for entry in chat_content(delta.token_ids, delta.logprobs, decode)
+            for entry in chat_content(delta.token_ids, delta.logprobs, names)
         ]
         return {"content": content}
 
@@ -160,8 +160,8 @@ class CompletionChunkLogprobs:
 class ChatChunkLogprobs:
     """Chat's streamed ``logprobs``: ``{"content": [...]}``."""
 
-    def __init__(self, decode: Decode) -> None:
-        self.decode = decode
+    def __init__(self, names: TokenNames) -> None:
+        self.names = names
         self.pending: list[dict[str, Any]] = []
 
     def echo(self, choice: Choice) -> Any:
@@ -169,7 +169,7 @@ class ChatChunkLogprobs:
 
     def __call__(self, delta: Delta) -> Any:
         if delta.logprobs is not None:
-            self.pending.extend(chat_content(delta.token_ids, delta.logprobs, self.decode))
+            self.pending.extend(chat_content(delta.token_ids, delta.logprobs, self.names))
         if not (delta.text or delta.finish_reason):
             return None
         content, self.pending = self.pending, []

@@ -21,6 +21,17 @@ from typing import Any
 from shared.logprobs import TokenLogprobs
 
 Decode = Callable[[int], str]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenNames:
+    """How chat log-probabilities name a token: its text and its own bytes (a piece of a
+    multi-byte character has bytes that do not decode alone)."""
+
+    text: Decode
+    raw: Callable[[int], bytes]
+
+
 FLOOR = -9999.0
 
 
@@ -82,19 +93,21 @@ class CompletionLogprobs:
         return body
 
 
-def _entry(text: str, logprob: float) -> dict[str, Any]:
-    return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode())}
+def _entry(names: TokenNames, token_id: int, logprob: float) -> dict[str, Any]:
+    raw = list(names.raw(token_id))
+    return {"token": names.text(token_id), "logprob": _finite(logprob), "bytes": raw}
 
 
 def chat_content(
-    token_ids: list[int] | tuple[int, ...], values: TokenLogprobs, decode: Decode
+    token_ids: list[int] | tuple[int, ...], values: TokenLogprobs, names: TokenNames
 ) -> list[dict[str, Any]]:
-    """Chat's ``logprobs.content`` entries for ``token_ids``."""
+    """Chat's ``logprobs.content`` entries for ``token_ids`` (``bytes``: the token's own, as
+    OpenAI's: joined over the tokens they are the text's UTF-8)."""
     content = []
     for i, token_id in enumerate(token_ids):
-        entry = _entry(decode(token_id), values.logprobs[i])
+        entry = _entry(names, token_id, values.logprobs[i])
         pairs = zip(values.top_ids[i], values.top_logprobs[i], strict=True)
-        entry["top_logprobs"] = [_entry(decode(t), v) for t, v in pairs]
+        entry["top_logprobs"] = [_entry(names, t, v) for t, v in pairs]
         content.append(entry)
     return content
 

@@ -89,7 +89,7 @@ async def chat_completions(
     choices = await admit_and_start(
         state, request, body, prompts, max_tokens, "chatcmpl-", plan.structured
     )
-    request_id, decode = _response_id(choices), state.prompts.token_text
+    request_id, names = _response_id(choices), state.prompts.token_names
     head = {"id": request_id, "created": int(time.time()), "model": state.model_name}
     if body.stream:
         streams = [
@@ -97,7 +97,7 @@ async def chat_completions(
                 c,
                 _chat_chunk(head, c),
                 first={"role": "assistant", "content": ""},
-                chunk_logprobs=ChatChunkLogprobs(decode) if body.logprobs else None,
+                chunk_logprobs=ChatChunkLogprobs(names) if body.logprobs else None,
                 tools=ToolStream(plan) if plan.calls_tools else None,
             )
             for c in choices
@@ -107,13 +107,13 @@ async def chat_completions(
     response: dict[str, Any] = {**head, "object": "chat.completion", "choices": []}
     for c in choices:
         message, reason = assistant_message(plan, c.text, c.generation.finish_reason)
-        logprobs = c.chat_logprobs(decode) if body.logprobs else None
+        logprobs = c.chat_logprobs(names) if body.logprobs else None
         response["choices"].append(
             {"index": c.index, "message": message, "logprobs": logprobs, **_finish(c, reason)}
         )
     response["usage"] = usage(choices)
     if body.prompt_logprobs is not None:  # vLLM's place for it: the response's
-        response["prompt_logprobs"] = _prompt_logprobs(choices[0], decode)
+        response["prompt_logprobs"] = _prompt_logprobs(choices[0], names.text)
     return _json(response, request_id)
 
 

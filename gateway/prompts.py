@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from gateway.chat import ChatRenderer, ChatTemplateError
 from gateway.errors import APIError
+from gateway.logprobs_format import TokenNames
 from gateway.openai_models import ChatCompletionRequest
 from gateway.tools import history_messages
 from shared.tokenizer import Tokenizer
@@ -38,6 +39,8 @@ class PromptEncoder:
         self.token_text: Callable[[int], str] = functools.lru_cache(maxsize=65_536)(
             lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)
         )
+        token_bytes = functools.lru_cache(maxsize=65_536)(self._token_bytes)
+        self.token_names = TokenNames(self.token_text, token_bytes)
 
     async def completion(self, prompt: Any) -> list[list[int]]:
         """A completion's prompts: text (tokenized with BOS) or token ids, or a batch of
@@ -124,6 +127,14 @@ class PromptEncoder:
         except (IndexError, KeyError, ValueError, OverflowError, TypeError) as exc:
             message = f"tokens: not ids of this tokenizer ({exc})"[:200]
             raise APIError(400, message, param="tokens") from exc
+
+    def _token_bytes(self, token_id: int) -> bytes:
+        """The token's own bytes; its text's for an id past the tokenizer's vocabulary (a
+        model's padding)."""
+        try:
+            return self.tokenizer.token_raw_bytes(token_id)
+        except (ValueError, KeyError, IndexError):
+            return self.token_text(token_id).encode()
 
     def check_ids(self, token_ids: list[int], param: str) -> None:
         """400 naming ``param`` for an id the tokenizer does not know (min/max: C speed)."""

@@ -89,7 +89,7 @@ async def _create(
     reason = choice.generation.finish_reason
     reason = "tool_calls" if calls and reason != "length" else reason
     status = status_of(reason)
-    logprobs = choice.chat_logprobs(state.prompts.token_text)["content"] if chat.logprobs else None
+    logprobs = choice.chat_logprobs(state.prompts.token_names)["content"] if chat.logprobs else None
     output = [message_item(content, logprobs, status)] if content or not calls else []
     output += [call_item(call) for call in calls]
     response = finished(head, output, reason, usage([choice]))
@@ -241,7 +241,7 @@ class _MessageStream:
 
     def __init__(self, emit: _Events, state: GatewayState, with_logprobs: bool) -> None:
         self.emit = emit
-        self.decode = state.prompts.token_text
+        self.names = state.prompts.token_names
         self.with_logprobs = with_logprobs
         self.message: dict[str, Any] | None = None
         self.text_so_far = ""
@@ -264,7 +264,7 @@ class _MessageStream:
 
     def text(self, text: str, token_ids: tuple[int, ...], logprobs: Any) -> list[bytes]:
         if self.with_logprobs and logprobs is not None:
-            self.pending.extend(chat_content(token_ids, logprobs, self.decode))
+            self.pending.extend(chat_content(token_ids, logprobs, self.names))
         if not text:
             return []
         events = self._open() if self.message is None else []

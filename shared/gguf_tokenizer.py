@@ -13,7 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shared.tokenizer_base import HFTokenizer, TokenizerBundle, TokenizerNotFoundError
+from shared.tokenizer_base import (
+    HFTokenizer,
+    TokenizerBundle,
+    TokenizerNotFoundError,
+    bytes_to_unicode,
+)
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
@@ -112,7 +117,7 @@ def build_tokenizer(reader: GGUFReader, tokens: list[str]) -> FastTokenizer:
     token_types = metadata(reader, "tokenizer.ggml.token_type") or []
     if kind == "gpt2":
         fast = _byte_level_bpe(reader, tokens)
-        alphabet = set(_bytes_to_unicode().values())
+        alphabet = set(bytes_to_unicode().values())
         control = _of_type(tokens, token_types, TOKEN_TYPE_CONTROL)
         control = [t for t in control if set(t) <= alphabet]  # others are mislabels
         default_bos = False
@@ -175,7 +180,7 @@ def _byte_level_bpe(reader: GGUFReader, tokens: list[str]) -> FastTokenizer:
     from tokenizers import Regex, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as FastTokenizer
 
-    spelling = _bytes_to_unicode()
+    spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
     vocab = {
         token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode()): index
@@ -242,15 +247,3 @@ def _merges_from_scores(
         ranked.extend((left, right, score) for left, right in splits)
     ranked.sort(key=lambda merge: (merge[2], len(merge[0]), len(merge[1])), reverse=True)
     return [(left, right) for left, right, _ in ranked]
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (byte-level BPE spells tokens with it)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    table = {byte: chr(byte) for byte in printable}
-    extra = 0
-    for byte in range(256):
-        if byte not in table:
-            table[byte] = chr(256 + extra)
-            extra += 1
-    return table

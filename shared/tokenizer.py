@@ -49,6 +49,13 @@ class ByteTokenizer:
             return f"<0x{token_id - self.offset:02X}>"
         return {0: "<unk>", 1: "<s>", 2: "</s>"}[token_id]
 
+    def token_raw_bytes(self, token_id: int) -> bytes:
+        if self.offset <= token_id < self.offset + 256:
+            return bytes([token_id - self.offset])
+        if token_id in (0, 1, 2):
+            return self.token_piece(token_id).encode()
+        raise ValueError(f"{token_id} is not in the vocabulary")
+
     @property
     def vocab_size(self) -> int:
         return self.offset + 256
@@ -167,6 +174,16 @@ class Llama2cTokenizer:
         """The vocabulary's piece (bytes as written, spaces included; BOS and EOS as
         ``<s>`` and ``</s>``, which the file writes with newlines around them)."""
         return self.vocab[token_id].decode("utf-8", "backslashreplace").strip("\n")
+
+    def token_raw_bytes(self, token_id: int) -> bytes:
+        if token_id in (0, 1, 2):
+            return self.token_piece(token_id).encode()
+        if not 0 <= token_id < len(self.vocab):
+            raise ValueError(f"{token_id} is not in the vocabulary")
+        piece = self.vocab[token_id]
+        if piece.startswith(b"<0x") and piece.endswith(b">") and len(piece) == 6:
+            return bytes([int(piece[3:5], 16)])
+        return piece
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         out = bytearray()

@@ -5,9 +5,14 @@ gateway's :class:`TokenizerBundle` and the error when a model has no tokenizer. 
 
 from __future__ import annotations
 
+import functools
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
 
 
 class Tokenizer(Protocol):
@@ -24,6 +29,12 @@ class Tokenizer(Protocol):
     def token_piece(self, token_id: int) -> str:
         """The token as the vocabulary writes it (Hugging Face's ``convert_ids_to_tokens``:
         ``"Ġhello"``, ``"<|im_start|>"``), as vLLM's ``/tokenize`` returns ``token_strs``."""
+        ...
+
+    def token_raw_bytes(self, token_id: int) -> bytes:
+        """The token's own bytes (OpenAI's log-probability ``bytes``): a piece of a multi-byte
+        character is that piece's bytes, not U+FFFD; a special token is its text. ValueError
+        for an id the tokenizer does not know."""
         ...
 
     @property
@@ -68,6 +79,30 @@ class HFTokenizer:
             raise ValueError(f"{token_id} is not in the vocabulary")
         return str(piece)
 
+    def token_raw_bytes(self, token_id: int) -> bytes:
+        piece = self.token_piece(token_id)
+        if token_id in self._added_ids:
+            return piece.encode()
+        if self._byte_level:
+            return bytes(_unicode_to_byte()[c] for c in piece)
+        byte = _BYTE_PIECE.fullmatch(piece)
+        if byte is not None:
+            return bytes([int(byte[1], 16)])
+        return piece.replace("\u2581", " ").encode()  # SentencePiece's space
+
+    @functools.cached_property
+    def _byte_level(self) -> bool:
+        """Whether the decoder maps GPT-2's byte alphabet back to bytes (GPT-2, Llama 3, Qwen,
+        SmolLM), else SentencePiece-style pieces."""
+        decoder = self._tok.decoder
+        return decoder is not None and '"ByteLevel"' in json.dumps(
+            json.loads(decoder.__getstate__())
+        )
+
+    @functools.cached_property
+    def _added_ids(self) -> frozenset[int]:
+        return frozenset(self._tok.get_added_tokens_decoder())
+
     @property
     def vocab_size(self) -> int:
         return int(self._tok.get_vocab_size(with_added_tokens=True))
@@ -77,6 +112,23 @@ class HFTokenizer:
         """The ``tokenizers.Tokenizer`` itself (structured outputs build their vocabulary from
         it)."""
         return self._tok
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (byte-level BPE spells tokens with it)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {byte: chr(byte) for byte in printable}
+    extra = 0
+    for byte in range(256):
+        if byte not in table:
+            table[byte] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+@functools.cache
+def _unicode_to_byte() -> dict[str, int]:
+    return {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,6 +67,8 @@ def test_chat_logprobs_match_the_reference(
         top_values = row.topk(3).values.tolist()
         assert [t.logprob for t in entry.top_logprobs] == pytest.approx(top_values, abs=TOLERANCE)
         assert entry.token == entry.top_logprobs[0].token  # greedy: the most likely
+    joined = b"".join(bytes(entry.bytes or []) for entry in content)  # OpenAI's use of them
+    assert joined.decode() == out.choices[0].message.content
 
 
 _TEXTS: dict[int, str] = {}

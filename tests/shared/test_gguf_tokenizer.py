@@ -309,3 +309,25 @@ async def test_echoed_special_tokens_are_named_and_offset_as_the_echoed_text() -
     assert body["tokens"][0] == "<|im_start|>"
     for token, offset in zip(body["tokens"], body["text_offset"], strict=True):
         assert prompt[offset:].startswith(token)
+
+
+def test_each_tokens_bytes_join_into_the_texts_utf8() -> None:
+    """OpenAI's log-probability ``bytes``: a token holding part of a multi-byte character
+    carries that part's bytes (its text alone is U+FFFD), so the bytes joined over the tokens
+    are the text's UTF-8; a special token's are its text's."""
+    from gateway.logprobs_format import chat_content
+    from gateway.prompts import PromptEncoder
+    from shared.logprobs import TokenLogprobs
+
+    path = _smollm_path()
+    tokenizer = load_tokenizer_bundle(str(path)).tokenizer
+    text = "<|im_start|>😀🎉 中文 café naïve"
+    ids = _reference(path).encode(text)
+    encoder = PromptEncoder(tokenizer, None, 1000, 1)  # type: ignore[arg-type]
+    try:
+        values = TokenLogprobs([0.0] * len(ids), [1] * len(ids), [[]] * len(ids), [[]] * len(ids))
+        content = chat_content(ids, values, encoder.token_names)
+    finally:
+        encoder.close()
+    assert any(entry["token"] == "\ufffd" for entry in content)  # pieces of an emoji
+    assert b"".join(bytes(entry["bytes"]) for entry in content) == text.encode()
