@@ -24,6 +24,7 @@ from data_plane.service import Worker
 from data_plane.settings import WorkerSettings
 from data_plane.threads import apply_thread_policy
 from shared.health import redis_reachable, serve_health
+from shared.metrics_vllm import vllm_engine_families
 from shared.model_source import resolve_model
 from shared.policy import Knobs
 
@@ -178,6 +179,7 @@ class WorkerCollector(Collector):
             gauge = GaugeMetricFamily(f"superinfer_worker_{name}", help_text, labels=labels)
             gauge.add_metric(wid, float(value))
             yield gauge
+        yield from vllm_engine_families([worker.status], worker.model_name)
 
 
 async def _run_and_drain(

@@ -86,7 +86,7 @@ class Worker:
         self.redis = redis
         self.block_bytes = block_bytes
         self.epoch = planner.epoch
-        self.model_name = model_display_name(settings.model)
+        self.model_name = settings.served_model_name or model_display_name(settings.model)
         self.intake = Intake(redis, settings.worker_id, settings.read_batch)
         # the largest legal request
         self.limits = Limits.for_prompts(engine.max_model_len, engine.vocab_size or 0)
@@ -114,6 +114,12 @@ class Worker:
         # The last step's snapshot and outputs on their way to Redis while the next step runs
         # (at most one send in flight: they leave in step order).
         self._send_task: asyncio.Task[None] | None = None
+        self._status_cache = self._status(time.time())  # rebuilt between steps
+
+    @property
+    def status(self) -> WorkerStatus:
+        """The status as last rebuilt between steps (heartbeats send it with a fresh time)."""
+        return self._status_cache
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("worker_started", worker_id=self.settings.worker_id, epoch=self.epoch)

@@ -18,6 +18,9 @@ class WorkerSettings(BaseSettings):
     # local dir, .gguf, llama2.c .bin, hub id (org/name), tiny-random; default: SmolLM2's GGUF
     model: str = Field(default_factory=default_model)
     revision: str | None = None  # of a hub id
+    # the model's name in this worker's vLLM metrics (vllm:*{model_name}) and status: the
+    # gateway's served_model_name (None: the model's own name, as the gateway's default)
+    served_model_name: str | None = None
     tokenizer: str | None = None
     dtype: str | None = None
     # vLLM's --quantization: auto keeps a GGUF file's quantized layers quantized on the CPU

@@ -40,6 +40,8 @@ class GenerationParams:
     tenant: str | None = None
     key_id: str | None = None  # the API key's id, for its limits
     prompt_param: str = "prompt"  # the body's field the prompt came from (chat: messages)
+    # when the client's request arrived (None: now); n > 1 siblings share their first's
+    t_arr_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,16 +64,19 @@ class _Timeline:
     t_first_run_s: float | None = None
     gaps_s: list[float] = field(default_factory=list)
 
-    def on_tokens(self, num_tokens: int, now: float) -> None:
+    def on_tokens(self, num_tokens: int, now: float) -> list[float]:
+        """Note an output of ``num_tokens`` arriving at ``now``; returns the inter-token gaps
+        it closes (a first output's tokens after the first: no measured gap, none)."""
         if num_tokens <= 0:
-            return
+            return []
+        gaps_s: list[float] = []
         if self.t_first_s is None:
             self.t_first_s = now
-            num_tokens -= 1
         elif self.t_prev_s is not None:
-            gap_s = (now - self.t_prev_s) / num_tokens
-            self.gaps_s.extend([gap_s] * num_tokens)
+            gaps_s = [(now - self.t_prev_s) / num_tokens] * num_tokens
+            self.gaps_s.extend(gaps_s)
         self.t_prev_s = now
+        return gaps_s
 
 
 class Generation:
@@ -98,7 +103,8 @@ class Generation:
         # vLLM's stop_reason: the stop string or stop token id that ended it (None: EOS,
         # a length, or not ended yet)
         self.stop_reason: str | int | None = None
-        self._timeline = _Timeline(time.time())
+        self._timeline = _Timeline(time.time() if params.t_arr_s is None else params.t_arr_s)
+        self.failed = False  # the worker refused or failed it (finished_reason "error")
         sampling = params.sampling
         self._detok = IncrementalDetokenizer(
             service.tokenizer,
@@ -150,6 +156,7 @@ class Generation:
                 return None
         self._wait_deadline = None
         if msg.error:  # a rejected request (400) or the worker's own failure (500)
+            self.failed = True
             failed = msg.index > 0 or msg.error_kind == "engine"
             param = msg.error_param
             if param == "prompt":
@@ -208,7 +215,10 @@ class Generation:
             self.prompt_logprobs = msg.prompt_logprobs
         if msg.num_cached_tokens:
             self.num_cached_tokens = msg.num_cached_tokens
-        self._timeline.on_tokens(len(msg.token_ids), now)
+        first = self._timeline.t_first_s is None
+        gaps_s = self._timeline.on_tokens(len(msg.token_ids), now)
+        if msg.token_ids:
+            self.service.observe_tokens(self, len(msg.token_ids), gaps_s, first)
         self.num_completion_tokens += len(msg.token_ids)
         reason = msg.finish_reason
         shown = msg.token_ids
@@ -295,6 +305,18 @@ class GenerationService:
         log.info("request_submitted", request_id=request_id, worker_id=status.worker_id)
         return generation
 
+    def observe_tokens(
+        self, generation: Generation, num_tokens: int, gaps_s: list[float], first: bool
+    ) -> None:
+        """An output's tokens into the metrics as they arrive (with the first: TTFT, prompt)."""
+        timeline = generation.timeline
+        ttft_s = None
+        if first and timeline.t_first_s is not None:
+            ttft_s = timeline.t_first_s - timeline.t_arr_s
+        num_prompt_tokens = generation.num_prompt_tokens if first else 0
+        slo_class = generation.params.slo.name
+        self.metrics.observe_tokens(slo_class, num_tokens, gaps_s, ttft_s, num_prompt_tokens)
+
     def finish(self, generation: Generation) -> None:
         """Bookkeeping when a generation ends for any reason (finished, error, disconnect)."""
         record, timeline = generation.record, generation.timeline
@@ -303,7 +325,7 @@ class GenerationService:
         reason = generation.finish_reason
         if reason is None:  # the client went away, or an error: free the worker's blocks
             self.abort_later(record.route)
-            reason = "abort"
+            reason = "error" if generation.failed else "abort"
         now = time.time()
         slo = generation.params.slo
         self.metrics.observe_finished(
@@ -317,6 +339,7 @@ class GenerationService:
             slo.ttft_s,
             slo.tbt_s,
             generation.params.tenant,
+            num_output_tokens=generation.num_completion_tokens,
         )
         fields: dict[str, str | float | int] = {"gateway_finished_s": now, "gateway_finish": reason}
         fields["gateway_id"] = self.dispatcher.gateway_id

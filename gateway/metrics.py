@@ -2,7 +2,8 @@
 same, plus SLO attainment per class, rotations, bytes per direction and plan source; with
 ``vllm_metrics``, vLLM's own names beside them (gateway/metrics_vllm.py).
 
-Request-level histograms are observed here as requests finish; worker-level figures are read
+Tokens, TTFT and inter-token gaps are observed as outputs arrive, the rest of the
+request-level series as requests finish; worker-level figures are read
 from the workers' heartbeat statuses at scrape time (a custom collector, so they are never
 stale copies)."""
 
@@ -37,7 +38,15 @@ _TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1,
 
 
 class GatewayMetrics:
-    def __init__(self, directory: WorkerDirectory, model_name: str, vllm: bool = True) -> None:
+    def __init__(
+        self,
+        directory: WorkerDirectory,
+        model_name: str,
+        vllm: bool = True,
+        vllm_engine: bool = True,
+    ) -> None:
+        """``vllm``: vLLM's names beside ours; ``vllm_engine``: with them, vLLM's engine series
+        from the workers' heartbeats (off where the workers' own /metrics are scraped)."""
         self.registry = CollectorRegistry()
         self.model_name = model_name
         labels = ["model_name", "slo_class"]
@@ -67,7 +76,10 @@ class GatewayMetrics:
             ["status"], registry=reg,
         )  # fmt: skip
         self.prompt_tokens = Counter(
-            "superinfer:prompt_tokens", "Prompt tokens of finished requests", labels, registry=reg
+            "superinfer:prompt_tokens",
+            "Prompt tokens, counted at the first token",
+            labels,
+            registry=reg,
         )
         self.generation_tokens = Counter(
             "superinfer:generation_tokens", "Generated tokens", labels, registry=reg
@@ -116,7 +128,8 @@ class GatewayMetrics:
         self.vllm: VllmRequestMetrics | None = None
         if vllm:
             self.vllm = VllmRequestMetrics(reg, model_name)
-            reg.register(VllmEngineCollector(directory, model_name))
+            if vllm_engine:
+                reg.register(VllmEngineCollector(directory, model_name))
 
     def observe_finished(
         self,
@@ -130,12 +143,16 @@ class GatewayMetrics:
         slo_ttft_s: float,
         slo_tbt_s: float,
         tenant: str | None = None,
+        *,
+        num_output_tokens: int | None = None,
     ) -> None:
+        """A finished request (``num_output_tokens``: its generated tokens, by default one per
+        gap plus the first)."""
+        if num_output_tokens is None:
+            num_output_tokens = len(gaps_s) + (ttft_s is not None)
         labels = (self.model_name, slo_class)
         self.requests.labels(*labels, finish_reason).inc()
         self.e2e.labels(*labels).observe(e2e_s)
-        self.prompt_tokens.labels(*labels).inc(num_prompt_tokens)
-        self.generation_tokens.labels(*labels).inc(len(gaps_s) + (ttft_s is not None))
         if queue_s is not None:
             self.queue_time.labels(*labels).observe(max(0.0, queue_s))
         self.slo_requests.labels(slo_class).inc()
@@ -144,22 +161,41 @@ class GatewayMetrics:
             # that never meets its objective reads 0 attainment, not "no data"
         ttft_met = ttft_s is not None and ttft_s <= slo_ttft_s
         good = ttft_met and (not gaps_s or sum(gaps_s) / len(gaps_s) <= slo_tbt_s)
-        if ttft_s is not None:
-            self.ttft.labels(*labels).observe(ttft_s)
         if ttft_met:
             self.slo_ttft_met.labels(slo_class).inc()
         if good:
             self.slo_good.labels(slo_class).inc()
         if tenant is not None:
-            num_tokens = num_prompt_tokens + len(gaps_s) + (ttft_s is not None)
+            num_tokens = num_prompt_tokens + num_output_tokens
             self._observe_tenant(tenant, ttft_met, good, num_tokens)
-        histogram = self.itl.labels(*labels)
-        for gap_s in gaps_s:
-            histogram.observe(gap_s)
         self.slo_tbt_gaps.labels(slo_class).inc(len(gaps_s))
         self.slo_tbt_met.labels(slo_class).inc(sum(1 for g in gaps_s if g <= slo_tbt_s))
         if self.vllm is not None:
-            self.vllm.observe(finish_reason, ttft_s, gaps_s, e2e_s, queue_s, num_prompt_tokens)
+            self.vllm.observe_finished(
+                finish_reason, gaps_s, e2e_s, queue_s, num_prompt_tokens, num_output_tokens
+            )
+
+    def observe_tokens(
+        self,
+        slo_class: str,
+        num_tokens: int,
+        gaps_s: list[float],
+        ttft_s: float | None = None,
+        num_prompt_tokens: int = 0,
+    ) -> None:
+        """An output as it arrives (vLLM counts per engine step): its generated tokens and the
+        inter-token gaps they close; with the first token, the TTFT and the prompt's tokens."""
+        labels = (self.model_name, slo_class)
+        self.generation_tokens.labels(*labels).inc(num_tokens)
+        if num_prompt_tokens:
+            self.prompt_tokens.labels(*labels).inc(num_prompt_tokens)
+        if ttft_s is not None:
+            self.ttft.labels(*labels).observe(ttft_s)
+        histogram = self.itl.labels(*labels)
+        for gap_s in gaps_s:
+            histogram.observe(gap_s)
+        if self.vllm is not None:
+            self.vllm.observe_tokens(num_tokens, gaps_s, ttft_s, num_prompt_tokens)
 
     def _observe_tenant(self, tenant: str, ttft_met: bool, good: bool, num_tokens: int) -> None:
         self.tenant_requests.labels(tenant).inc()

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from gateway.workers import WorkerDirectory
-from shared.protocol import WorkerStatus
+from shared.metrics_vllm import vllm_engine_families
 
 # vLLM's buckets (vllm/v1/metrics/loggers.py).
 TTFT_BUCKETS = (
@@ -33,6 +33,9 @@ REQUEST_BUCKETS = (
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 TOKEN_COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+# How a request ends, as vLLM's FinishReason names it (abort: the client left, a timeout, a
+# lost worker; error: the worker failed it).
+FINISHED_REASONS = ("stop", "length", "abort", "error")
 
 # Every name this module exports (as they appear in Prometheus), for the docs and the tests.
 VLLM_SERIES = (
@@ -94,84 +97,58 @@ class VllmRequestMetrics:
             "vllm:request_success", "Finished requests", [*label, "finished_reason"],
             registry=registry,
         )  # fmt: skip
+        for reason in FINISHED_REASONS:  # at 0 from the start, as vLLM's
+            self.success.labels(model_name, reason)
+        for metric in (self.prompt_tokens, self.generation_tokens):
+            metric.labels(model_name)
+        for family in (self.ttft, self.itl, self.tpot, self.request_tpot, self.e2e, self.queue):
+            family.labels(model_name)
+        self.prompt_len.labels(model_name)
+        self.output_len.labels(model_name)
 
-    def observe(
-        self,
-        finish_reason: str,
-        ttft_s: float | None,
-        gaps_s: list[float],
-        e2e_s: float,
-        queue_s: float | None,
-        num_prompt_tokens: int,
+    def observe_tokens(
+        self, num_tokens: int, gaps_s: list[float], ttft_s: float | None, num_prompt_tokens: int
     ) -> None:
+        """An output as it arrives: its tokens, the gaps they close, with the first token the
+        TTFT and the prompt's tokens (computed by then)."""
         m = self.model_name
-        num_output = len(gaps_s) + (ttft_s is not None)
-        self.success.labels(m, finish_reason).inc()
-        self.e2e.labels(m).observe(e2e_s)
-        self.prompt_tokens.labels(m).inc(num_prompt_tokens)
-        self.generation_tokens.labels(m).inc(num_output)
-        self.prompt_len.labels(m).observe(num_prompt_tokens)
-        self.output_len.labels(m).observe(num_output)
-        if queue_s is not None:
-            self.queue.labels(m).observe(max(0.0, queue_s))
+        self.generation_tokens.labels(m).inc(num_tokens)
+        if num_prompt_tokens:
+            self.prompt_tokens.labels(m).inc(num_prompt_tokens)
         if ttft_s is not None:
             self.ttft.labels(m).observe(ttft_s)
         itl, tpot = self.itl.labels(m), self.tpot.labels(m)
         for gap_s in gaps_s:
             itl.observe(gap_s)
             tpot.observe(gap_s)
+
+    def observe_finished(
+        self,
+        finish_reason: str,
+        gaps_s: list[float],
+        e2e_s: float,
+        queue_s: float | None,
+        num_prompt_tokens: int,
+        num_output_tokens: int,
+    ) -> None:
+        m = self.model_name
+        self.success.labels(m, finish_reason).inc()
+        self.e2e.labels(m).observe(e2e_s)
+        self.prompt_len.labels(m).observe(num_prompt_tokens)
+        self.output_len.labels(m).observe(num_output_tokens)
+        if queue_s is not None:
+            self.queue.labels(m).observe(max(0.0, queue_s))
         if gaps_s:
             self.request_tpot.labels(m).observe(sum(gaps_s) / len(gaps_s))
 
 
-def _fraction(used: int, total: int) -> float:
-    return used / total if total > 0 else 0.0
-
-
 class VllmEngineCollector(Collector):
-    """vLLM's engine gauges and counters, summed over the live workers at scrape time."""
+    """vLLM's engine series from the live workers' heartbeats, one per worker
+    (:mod:`shared.metrics_vllm`)."""
 
     def __init__(self, directory: WorkerDirectory, model_name: str) -> None:
         self.directory = directory
         self.model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
-        statuses = self.directory.alive()
-        yield from self.gauges(statuses)
-        preemptions = CounterMetricFamily(
-            "vllm:num_preemptions", "Preemptions by recompute", labels=["model_name"]
-        )
-        preemptions.add_metric([self.model_name], sum(s.num_preemptions for s in statuses))
-        yield preemptions
-        queries = CounterMetricFamily(
-            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
-            labels=["model_name"],
-        )  # fmt: skip
-        queries.add_metric([self.model_name], sum(s.num_prefix_queried_tokens for s in statuses))
-        hits = CounterMetricFamily(
-            "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache (either tier)",
-            labels=["model_name"],
-        )  # fmt: skip
-        hits.add_metric(
-            [self.model_name],
-            sum(s.num_prefix_hbm_hit_tokens + s.num_prefix_dram_hit_tokens for s in statuses),
-        )
-        yield from (queries, hits)
-
-    def gauges(self, statuses: Sequence[WorkerStatus]) -> Iterator[Metric]:
-        hbm_total = sum(s.num_hbm_blocks for s in statuses)
-        hbm_used = hbm_total - sum(s.num_free_hbm_blocks for s in statuses)
-        dram_total = sum(s.num_dram_blocks for s in statuses)
-        dram_used = dram_total - sum(s.num_free_dram_blocks for s in statuses)
-        values = (
-            ("num_requests_running", "Requests in the batch", sum(s.num_running for s in statuses)),
-            ("num_requests_waiting", "Requests waiting", sum(s.num_waiting for s in statuses)),
-            ("num_requests_swapped", "Requests in host DRAM", sum(s.num_rotary for s in statuses)),
-            ("kv_cache_usage_perc", "HBM KV usage (0-1)", _fraction(hbm_used, hbm_total)),
-            ("gpu_cache_usage_perc", "HBM KV usage (older name)", _fraction(hbm_used, hbm_total)),
-            ("cpu_cache_usage_perc", "DRAM KV usage (0-1)", _fraction(dram_used, dram_total)),
-        )
-        for name, text, value in values:
-            family = GaugeMetricFamily(f"vllm:{name}", text, labels=["model_name"])
-            family.add_metric([self.model_name], float(value))
-            yield family
+        yield from vllm_engine_families(self.directory.alive(), self.model_name)

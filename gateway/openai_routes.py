@@ -261,7 +261,8 @@ async def _start_choices(
             worker_id = first_choice.generation.record.route.worker_id
             for j in range(1, n):
                 seed = None if p.sampling.seed is None else p.sampling.seed + j
-                sibling = replace(p, sampling=replace(p.sampling, seed=seed))
+                t_arr_s = first_choice.generation.timeline.t_arr_s  # the client's arrival
+                sibling = replace(p, sampling=replace(p.sampling, seed=seed), t_arr_s=t_arr_s)
                 index = i * n + j
                 generation = await _start(
                     state, _choice_id(request_id, index, num_choices), sibling, worker_id

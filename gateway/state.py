@@ -59,7 +59,9 @@ class GatewayState:
         self.dispatcher = Dispatcher(
             self.redis, self.gateway_id, settings.output_block_ms, InFlightRequests()
         )
-        self.metrics = GatewayMetrics(self.directory, self.model_name, settings.vllm_metrics)
+        self.metrics = GatewayMetrics(
+            self.directory, self.model_name, settings.vllm_metrics, settings.vllm_engine_metrics
+        )
         self.generations = GenerationService(
             settings, self.redis, self.tokenizer, self.dispatcher, self.directory, self.metrics
         )

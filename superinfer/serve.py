@@ -133,6 +133,8 @@ def run_serve(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         children["control plane"] = _spawn(["control-plane"], env, stack)
         worker_command = ["data-plane", "--model", args.model, *_worker_args(args)]
+        if args.served_model_name:  # its vLLM metrics name the model as the gateway does
+            worker_command += ["--served-model-name", args.served_model_name]
         children["worker"] = _spawn(worker_command, env, stack)
         settings = _gateway_settings(args, redis_url, admin_token)
         shown = "from SUPERINFER_ADMIN_TOKEN" if given_token else admin_token  # never echo a secret

@@ -326,7 +326,10 @@ class Engine:
         for request_id in plan.admit_ids:
             request = self._expect(request_id, RequestState.WAITING)
             self.views.leave_waiting(request)
-            loading = self._take_prefix(request) if request.block_keys else False
+            # every prompt is a prefix-cache query (vLLM's count), one shorter than a block too;
+            # one computing its prompt's log-probabilities reads no cache
+            reads_cache = self.kv.prefix_caching and request.params.prompt_logprobs is None
+            loading = self._take_prefix(request) if reads_cache else False
             self._move(request, RequestStatus.LOADING if loading else RequestStatus.RUNNING)
             request.t_run_s = now
             request.t_first_run_s = request.t_first_run_s or now

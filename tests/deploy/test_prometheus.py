@@ -158,7 +158,8 @@ def test_vllm_dashboard_queries_answer_with_vllm_names(run: Run) -> None:
         query = template.format(m=selector, r=RATE_INTERVAL)
         assert finite_values(run.prom.query(query, at=run.end)), query
     running = run.prom.query("vllm:num_requests_running", at=run.end)
-    assert [set(s["metric"]) - {"instance", "job"} for s in running] == [{"__name__", "model_name"}]
+    expected = {"__name__", "model_name", "engine"}  # one series per worker, as vLLM's engines
+    assert [set(s["metric"]) - {"instance", "job"} for s in running] == [expected]
     # The same requests and tokens as ours.
     for ours, theirs in (
         ("superinfer:request_success_total", "vllm:request_success_total"),

@@ -72,6 +72,10 @@ async def test_worker_probes_metrics_and_drain(redis_client: Redis) -> None:
         assert "superinfer_worker_iterations_total" in metrics
         assert 'superinfer_worker_kv_blocks{tier="hbm",worker_id="probe-w0"}' in metrics
         assert 'superinfer_worker_b_xfer_blocks{worker_id="probe-w0"} 0.0' in metrics  # no DRAM
+        # vLLM's engine series, as a vLLM server exports its engine's (labels model_name, engine)
+        engine = 'engine="probe-w0",model_name="tiny-random"'
+        assert f"vllm:num_requests_running{{{engine}}} 0.0" in metrics
+        assert f"vllm:prefix_cache_queries_total{{{engine}}} " in metrics  # warm-up: not 0
 
         request = SubmitRequest(
             request_id="drain-1",

@@ -1,6 +1,6 @@
-"""vLLM-compatible series: the names and labels vLLM exports, worker gauges summed into one
-series per model (no ``worker`` label), request series observed once per finish, and the
-``vllm_metrics`` setting turning them off."""
+"""vLLM-compatible series: the names and labels vLLM exports, engine series one per worker
+(label ``engine``, as vLLM's per-engine series), tokens and latencies observed as outputs
+arrive, the rest once per finish, and the settings turning them off."""
 
 from __future__ import annotations
 
@@ -32,14 +32,14 @@ def _status(worker_id: str, **changes: Any) -> WorkerStatus:
     return WorkerStatus(**{**fields, **changes})
 
 
-def _metrics(vllm: bool = True) -> GatewayMetrics:
+def _metrics(vllm: bool = True, vllm_engine: bool = True) -> GatewayMetrics:
     directory = WorkerDirectory(None, GatewaySettings(admin_disabled=True))  # type: ignore[arg-type]
     directory.statuses = {
         "w0": _status("w0"),
         "w1": _status("w1", num_running=1, num_hbm_blocks=300, num_free_hbm_blocks=260),
         "dead": _status("dead", t_heartbeat_s=time.time() - 3600, num_running=50),
     }
-    return GatewayMetrics(directory, "tiny", vllm=vllm)
+    return GatewayMetrics(directory, "tiny", vllm=vllm, vllm_engine=vllm_engine)
 
 
 def _samples(metrics: GatewayMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -52,26 +52,54 @@ def _samples(metrics: GatewayMetrics) -> dict[tuple[str, tuple[tuple[str, str], 
 
 
 def _finish(metrics: GatewayMetrics) -> None:
+    """A request's outputs as they arrive (its first token with 12 prompt tokens after 0.3 s,
+    three more), then its finish."""
+    metrics.observe_tokens("interactive", 1, [], ttft_s=0.3, num_prompt_tokens=12)
+    metrics.observe_tokens("interactive", 2, [0.02, 0.04])
+    metrics.observe_tokens("interactive", 1, [0.2])
     metrics.observe_finished(
         "interactive", "stop", ttft_s=0.3, gaps_s=[0.02, 0.04, 0.2], e2e_s=0.6, queue_s=0.1,
         num_prompt_tokens=12, slo_ttft_s=1.0, slo_tbt_s=0.05,
     )  # fmt: skip
 
 
-def test_engine_gauges_are_summed_over_live_workers_per_model() -> None:
+def test_engine_series_are_one_per_live_worker_as_vllms_per_engine() -> None:
+    """vLLM labels each engine's series (model_name, engine): a worker's counters are its own
+    process's, so one that dies or restarts never makes another's series go backwards (a
+    sum over the live workers did: a reset to Prometheus, counted again by rate())."""
+    samples = _samples(_metrics())
+
+    def engine(worker_id: str) -> tuple[tuple[str, str], ...]:
+        return (("engine", worker_id), ("model_name", "tiny"))
+
+    assert samples[("vllm:num_requests_running", engine("w0"))] == 3
+    assert samples[("vllm:num_requests_running", engine("w1"))] == 1  # the dead worker is out
+    assert ("vllm:num_requests_running", engine("dead")) not in samples
+    assert samples[("vllm:num_requests_waiting", engine("w0"))] == 5
+    assert samples[("vllm:num_requests_swapped", engine("w1"))] == 2
+    assert samples[("vllm:kv_cache_usage_perc", engine("w0"))] == 0.6  # 60 of 100 in use
+    assert samples[("vllm:gpu_cache_usage_perc", engine("w1"))] == 40 / 300
+    assert samples[("vllm:cpu_cache_usage_perc", engine("w0"))] == 0.25
+    assert samples[("vllm:num_preemptions_total", engine("w0"))] == 4
+    assert samples[("vllm:prefix_cache_queries_total", engine("w1"))] == 1000
+    assert samples[("vllm:prefix_cache_hits_total", engine("w0"))] == 400  # both tiers
+    assert (
+        _samples(_metrics(vllm_engine=False))
+        .keys()
+        .isdisjoint({("vllm:num_requests_running", engine("w0"))})
+    )
+
+
+def test_request_series_exist_at_zero_before_any_request() -> None:
+    """vLLM creates each finished_reason's counter and the token counters at 0: the first
+    event then counts in increase(), and a query finds a series before any request."""
     samples = _samples(_metrics())
     model = (("model_name", "tiny"),)
-    assert samples[("vllm:num_requests_running", model)] == 4  # 3 + 1; the dead worker is out
-    assert samples[("vllm:num_requests_waiting", model)] == 10
-    assert samples[("vllm:num_requests_swapped", model)] == 4
-    # HBM in use over all HBM: (60 + 40) / 400, not the mean of 0.6 and 0.133.
-    assert samples[("vllm:kv_cache_usage_perc", model)] == 0.25
-    assert samples[("vllm:gpu_cache_usage_perc", model)] == 0.25
-    assert samples[("vllm:cpu_cache_usage_perc", model)] == 0.25
-    assert samples[("vllm:num_preemptions_total", model)] == 8
-    assert samples[("vllm:prefix_cache_queries_total", model)] == 2000
-    assert samples[("vllm:prefix_cache_hits_total", model)] == 800  # both tiers, both workers
-    assert not any(n.startswith("vllm:") and "worker" in dict(k) for n, k in samples)
+    for reason in ("stop", "length", "abort", "error"):
+        key = ("vllm:request_success_total", (("finished_reason", reason), *model))
+        assert samples[key] == 0
+    assert samples[("vllm:generation_tokens_total", model)] == 0
+    assert samples[("vllm:time_to_first_token_seconds_count", model)] == 0
 
 
 def test_request_series_carry_vllm_names_labels_and_buckets() -> None:
