@@ -30,15 +30,25 @@ def status_of(finish_reason: str | None) -> str:
     return "incomplete" if finish_reason == "length" else "completed"
 
 
-def call_item(call: ToolCall) -> dict[str, Any]:
+def call_item(call: ToolCall, finish_reason: str | None = None) -> dict[str, Any]:
+    """A function call item: ``incomplete`` when max_output_tokens cut its arguments (they
+    are then not JSON)."""
     return {
         "type": "function_call",
         "id": f"fc_{uuid.uuid4().hex}",
         "call_id": call.id,
         "name": call.name,
         "arguments": call.arguments,
-        "status": "completed",
+        "status": "incomplete" if finish_reason == "length" and _cut(call) else "completed",
     }
+
+
+def _cut(call: ToolCall) -> bool:
+    try:
+        json.loads(call.arguments)
+    except json.JSONDecodeError:
+        return True
+    return False
 
 
 def response_usage(usage: dict[str, Any]) -> dict[str, Any]:

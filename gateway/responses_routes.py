@@ -91,7 +91,7 @@ async def _create(
     status = status_of(reason)
     logprobs = choice.chat_logprobs(state.prompts.token_names)["content"] if chat.logprobs else None
     output = [message_item(content, logprobs, status)] if content or not calls else []
-    output += [call_item(call) for call in calls]
+    output += [call_item(call, choice.generation.finish_reason) for call in calls]
     response = finished(head, output, reason, usage([choice]))
     await saver.save(response)
     return JSONResponse(response, headers={"x-request-id": response["id"]})
@@ -129,12 +129,13 @@ def _stores(state: GatewayState, body: ResponsesRequest) -> bool:
 async def _failed(
     emit: _Events, exc: APIError, head: dict[str, Any], output: list[Any], saver: _Saver
 ) -> list[bytes]:
-    """The events of a generation that failed after the stream began: ``error``, then
-    ``response.failed`` with the response as it got (stored, when stored at all)."""
+    """The events of a generation that failed after the stream began: ``error`` (with our
+    code), then ``response.failed`` with the response as it got (stored, when stored at all;
+    its error's code OpenAI's ``server_error``, the one of its codes a server failure has)."""
     exc.request_id = head["id"]
     error = exc.body()["error"]
     failed = {**head, "status": "failed", "output": output, "usage": None}
-    failed["error"] = {"code": error["code"] or "server_error", "message": error["message"]}
+    failed["error"] = {"code": "server_error", "message": error["message"]}
     await saver.save_or_log(failed)
     return [
         emit("error", code=error["code"], message=error["message"], param=error["param"]),
@@ -219,13 +220,13 @@ def _streamed(
                 if delta.finish_reason:
                     reason = delta.finish_reason
                     reason = "tool_calls" if calls and reason != "length" else reason
-                    for event in stream.finish(reason, calls):
+                    for event in stream.finish(reason, calls, delta.finish_reason):
                         yield event
                     response = finished(head, stream.output, reason, usage([choice]))
                     await saver.save_or_log(response)  # what was generated is sent anyway
                     yield emit(f"response.{response['status']}", response=response)
         except APIError as exc:
-            for event in await _failed(emit, exc, head, stream.output, saver):
+            for event in await _failed(emit, exc, head, stream.output_so_far(), saver):
                 yield event
 
     def close() -> None:
@@ -244,6 +245,7 @@ class _MessageStream:
         self.names = state.prompts.token_names
         self.with_logprobs = with_logprobs
         self.message: dict[str, Any] | None = None
+        self.closed = False  # the message's done events were sent
         self.text_so_far = ""
         self.pending: list[Any] = []  # log-probabilities of tokens whose text is held
         self.logprobs: list[Any] = []
@@ -275,11 +277,30 @@ class _MessageStream:
         events.append(self.emit("response.output_text.delta", **self._where(), **fields))
         return events
 
-    def finish(self, reason: str, calls: list[ToolCall]) -> list[bytes]:
+    def output_so_far(self) -> list[dict[str, Any]]:
+        """The items done, then the message still open (``incomplete``, its text so far):
+        what a failed response keeps."""
+        if self.message is None or self.closed:
+            return list(self.output)
+        logprobs = self.logprobs if self.with_logprobs else None
+        item = message_item(self.text_so_far, logprobs, "incomplete")
+        item["id"] = self.message["id"]
+        return [*self.output, item]
+
+    def finish(
+        self, reason: str, calls: list[ToolCall], finish_reason: str | None = None
+    ) -> list[bytes]:
+        """The closing events (``finish_reason``: the generation's, which cut a call when
+        ``length``)."""
         events = self._open() if self.message is None and not calls else []
         if self.message is not None:
             status = status_of(reason)
-            self.logprobs.extend(self.pending)
+            if self.pending:  # tokens with no text (the end of turn): their delta, empty
+                fields: dict[str, Any] = {"delta": "", "logprobs": self.pending}
+                events.append(self.emit("response.output_text.delta", **self._where(), **fields))
+                self.logprobs.extend(self.pending)
+                self.pending = []
+            self.closed = True
             logprobs = self.logprobs if self.with_logprobs else None
             item = message_item(self.text_so_far, logprobs, status)
             item["id"] = self.message["id"]
@@ -290,12 +311,12 @@ class _MessageStream:
             events.append(self.emit("response.output_item.done", output_index=0, item=item))
             self.output.append(item)
         for call in calls:
-            events.extend(self._call(call))
+            events.extend(self._call(call, finish_reason))
         return events
 
-    def _call(self, call: ToolCall) -> list[bytes]:
+    def _call(self, call: ToolCall, finish_reason: str | None) -> list[bytes]:
         index = len(self.output)
-        item = call_item(call)
+        item = call_item(call, finish_reason)
         where = {"item_id": item["id"], "output_index": index}
         opened = {**item, "arguments": "", "status": "in_progress"}
         return [

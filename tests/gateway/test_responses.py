@@ -319,6 +319,7 @@ def test_a_stream_that_fails_ends_with_response_failed(impatient_gateway: str) -
     assert kinds[0] == "response.created" and kinds[-2:] == ["error", "response.failed"]
     failed = events[-1].response  # type: ignore[union-attr]
     assert failed.status == "failed" and failed.error is not None
+    assert failed.error.code == "server_error"  # one of OpenAI's codes; ours is in the event
     assert failed.id in events[-2].message  # type: ignore[union-attr]
     assert client.responses.retrieve(failed.id).status == "failed"
 
