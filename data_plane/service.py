@@ -124,6 +124,9 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         log.info("worker_started", worker_id=self.settings.worker_id, epoch=self.epoch)
         self._status_cache = self._status(time.time())
+        with contextlib.suppress(RedisError):  # an earlier incarnation's streams are ours again
+            for stream in self._own_streams():
+                await self.redis.persist(stream)
         # Heartbeats run beside the loop: a long engine step (it runs in a thread) must not
         # make gateways think this worker died.
         beat = asyncio.create_task(loop_with_backoff(self._heartbeat, stop))
@@ -142,7 +145,15 @@ class Worker:
                 await self.replies.send(self.redis, [])
             await self.redis.hdel(streams.WORKERS_KEY, self.settings.worker_id)
             await self.redis.zrem(streams.SNAPSHOT_WORKERS_KEY, self.settings.worker_id)
+            ttl_s = max(1, round(self.settings.stopped_streams_ttl_s))
+            for stream in self._own_streams():  # gone unless this id comes back in time
+                await self.redis.expire(stream, ttl_s)
         log.info("worker_stopped", worker_id=self.settings.worker_id)
+
+    def _own_streams(self) -> tuple[str, str]:
+        """The streams nobody else deletes once this worker left the workers hash: its
+        requests (pending ones wait for its next incarnation) and its plans."""
+        return self.intake.stream, self.plans_stream
 
     def has_unfinished(self) -> bool:
         """Requests this worker owns and has not finished: in the engine, or acknowledged and

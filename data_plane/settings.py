@@ -68,6 +68,9 @@ class WorkerSettings(BaseSettings):
     health_port: int | None = None  # /health, /ready, /metrics on this port; None or 0: off
     health_host: str = "0.0.0.0"
     drain_timeout_s: float = 30.0  # on SIGTERM: finish the requests it owns for up to this long
+    # A stopped worker's request and plan streams expire this long after it stopped unless a
+    # worker of the same id starts again (with random pod names each roll left a pair)
+    stopped_streams_ttl_s: float = Field(default=3600.0, gt=0.0)
     redis_timeout_s: float = 5.0  # every Redis call (longer than any blocking read's block time)
 
     @field_validator("b_xfer", mode="before")

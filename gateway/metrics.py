@@ -9,6 +9,7 @@ stale copies)."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -34,6 +35,7 @@ _SWITCH_KNOBS = (
     "adaptive_residency", "rotate_only_for_lag", "protect_unserved", "hold_room_for_rotary",
     "tenant_fairness", "deadline_lag", "residency_yields_to_tighter", "lag_per_block", "tpot_lag",
 )  # fmt: skip
+MAX_TENANT_SERIES = 1024  # tenants whose series /metrics holds at once
 _TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
@@ -104,7 +106,9 @@ class GatewayMetrics:
             "superinfer:slo_tbt_attained_gaps", "Inter-token gaps <= the class's TBT SLO",
             ["slo_class"], registry=reg,
         )  # fmt: skip
-        # Per tenant (API keys' tenants: the admin makes them, so the labels stay bounded)
+        # Per tenant (API keys' tenants: the admin makes them; their series are dropped
+        # least recently served first past MAX_TENANT_SERIES, as deleted keys leave theirs)
+        self._tenants: OrderedDict[str, None] = OrderedDict()
         self.tenant_requests = Counter(
             "superinfer:tenant_requests", "Finished requests, by tenant", ["tenant"], registry=reg
         )
@@ -198,6 +202,13 @@ class GatewayMetrics:
             self.vllm.observe_tokens(num_tokens, gaps_s, ttft_s, num_prompt_tokens)
 
     def _observe_tenant(self, tenant: str, ttft_met: bool, good: bool, num_tokens: int) -> None:
+        self._tenants[tenant] = None
+        self._tenants.move_to_end(tenant)
+        counters = (self.tenant_requests, self.tenant_ttft_met, self.tenant_good)
+        while len(self._tenants) > MAX_TENANT_SERIES:
+            gone, _ = self._tenants.popitem(last=False)
+            for counter in (*counters, self.tenant_tokens):
+                counter.remove(gone)  # back at 0 if it is served again: a reset to Prometheus
         self.tenant_requests.labels(tenant).inc()
         self.tenant_ttft_met.labels(tenant).inc(ttft_met)  # at 0 from the first: 0 attainment
         self.tenant_good.labels(tenant).inc(good)

@@ -272,3 +272,5 @@ class WorkerDirectory:
         if share is not None:
             share.num_requests = max(0, share.num_requests - 1)
             share.num_prompt_tokens = max(0, share.num_prompt_tokens - num_prompt_tokens)
+            if share.num_requests == 0:  # one entry per worker with requests queued, no more
+                del self.queued[worker_id]

@@ -78,7 +78,9 @@ class Grammars:
                 import xgrammar
 
                 info = _tokenizer_info(self.tokenizer, self.vocab_size, self.stop_ids)
-                self._compiler = xgrammar.GrammarCompiler(info, max_threads=2)
+                # xgrammar's own cache has no bound by default (every distinct schema a
+                # client sends, kept: ~200 KB each); ours above holds MAX_CACHED_GRAMMARS
+                self._compiler = xgrammar.GrammarCompiler(info, max_threads=2, cache_enabled=False)
             return self._compiler
 
 

@@ -99,6 +99,19 @@ async def test_worker_probes_metrics_and_drain(redis_client: Redis) -> None:
             tokens += out.token_ids
             finish = out.finish_reason or finish
     assert len(tokens) == 40 and finish == "length"
+    # Its streams outlive it by stopped_streams_ttl_s only (nobody else deletes them once it
+    # left the workers hash); a worker of the same id starting again keeps them.
+    own = [streams.worker_requests_stream("probe-w0"), streams.worker_plans_stream("probe-w0")]
+    ttl_s = settings.stopped_streams_ttl_s
+    assert 0 < await redis_client.ttl(own[0]) <= ttl_s
+    await redis_client.xadd(own[1], {"m": b"x"})  # plans, as a control plane would publish
+    again = asyncio.create_task(serve_worker(settings, stop := asyncio.Event()))
+    async with httpx.AsyncClient(base_url=base, timeout=5) as client:
+        await wait_status(client, "/ready", 200, 60)
+    assert [await redis_client.ttl(s) for s in own] == [-1, -1]  # persisted
+    stop.set()
+    await asyncio.wait_for(again, 30)
+    assert all([0 < await redis_client.ttl(s) <= ttl_s for s in own])
 
 
 async def test_worker_not_ready_without_redis() -> None:

@@ -41,6 +41,9 @@ class _Service:
     def finish(self, _: Generation) -> None:
         self.num_finished += 1
 
+    def observe_tokens(self, *_: object) -> None:
+        pass  # no metrics here
+
 
 def _generation(token_timeout_s: float) -> tuple[Generation, InFlight, _Service]:
     service = _Service(token_timeout_s)

@@ -39,6 +39,9 @@ class _Generations:
     def finish(self, generation: Generation) -> None:
         self.live.release(generation.record)
 
+    def observe_tokens(self, *_: object) -> None:
+        pass  # no metrics here
+
 
 def _chunk(text: str, reason: str | None) -> dict[str, object]:
     return {"choices": [{"text": text, "finish_reason": reason}]}

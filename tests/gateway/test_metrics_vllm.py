@@ -209,3 +209,19 @@ def test_per_tenant_attainment_and_service() -> None:
         acme,
         zeta,
     }
+
+
+def test_tenant_series_are_bounded_least_recently_served_dropped(monkeypatch: Any) -> None:
+    """Keys come and go (each deleted key's tenant left its series forever): past the cap the
+    least recently served tenant's series go; a tenant served again starts at 0."""
+    from gateway import metrics as metrics_module
+
+    monkeypatch.setattr(metrics_module, "MAX_TENANT_SERIES", 3)
+    metrics = _metrics()
+    for tenant in ("a", "b", "c", "a", "d"):  # "b" is then the least recently served
+        metrics.observe_finished("batch", "stop", 0.5, [], 1.0, 0.1, 5, 1.0, 0.05, tenant)
+    samples = _samples(metrics)
+    served = {dict(k)["tenant"] for n, k in samples if n == "superinfer:tenant_requests_total"}
+    assert served == {"a", "c", "d"}
+    assert samples[("superinfer:tenant_requests_total", (("tenant", "a"),))] == 2
+    assert not [n for n, k in samples if dict(k).get("tenant") == "b"]

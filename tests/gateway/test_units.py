@@ -71,6 +71,22 @@ def test_key_limiter_bounds_concurrency_and_rate(monkeypatch: pytest.MonkeyPatch
     limiter.acquire("k")  # one token refilled
 
 
+def test_key_limiter_forgets_idle_keys_and_keeps_busy_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One bucket per key ever used (deleted keys too) only grew: idle refilled ones go
+    (a new bucket is the same), a key with a request in flight stays limited."""
+    now = [100.0]
+    monkeypatch.setattr(limits.time, "monotonic", lambda: now[0])
+    limiter = KeyLimiter(max_concurrent=1, max_requests_per_s=1.0)
+    limiter.acquire("busy")  # in flight throughout
+    for i in range(10_000):
+        limiter.acquire(f"k{i}")
+        limiter.release(f"k{i}")
+        now[0] += 0.001  # 1,000 keys a second: a refill (1 s) spans 1,000
+    assert len(limiter) <= 4_096  # at most twice the keys of one refill, not 10,002
+    with pytest.raises(APIError, match="concurrent"):
+        limiter.acquire("busy")
+
+
 def test_admin_api_needs_a_token_or_an_explicit_opt_out() -> None:
     with pytest.raises(ValueError, match="admin token"):
         create_app(GatewaySettings(admin_token=None, admin_disabled=False))
