@@ -198,7 +198,11 @@ def paged_decode(
     fn = decode_kernel()
     if fn is None or not (plain_index(tables, lens) and cache_rows.is_contiguous()):
         return None
+    if cache_rows.dtype not in (torch.float32, torch.bfloat16):  # it reads 4 or 2 bytes
+        raise ValueError(f"paged_decode: the cache is {cache_rows.dtype}, not float32/bfloat16")
     n, num_heads, head_dim = q.shape
+    if tables.shape[0] != n or lens.shape[0] != n:
+        raise ValueError("paged_decode: one block table and one length per query row")
     query = q.float().contiguous()
     out = torch.empty_like(query)
     block_size, rows_per_block, layer_offset = geometry

@@ -76,11 +76,12 @@ static void quantize_row(const float *x, int64_t k, int64_t row, struct quantize
             amax = fmaxf(amax, fabsf(v[i]));
             sum += v[i];
         }
+        if (sum != sum) amax = sum; /* a NaN (fmaxf skips it): the group's scale carries it */
         float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         int8_t *codes = q->codes + row * k + g * GROUP, *fine = q->fine + row * k + g * GROUP;
         int32_t code_sum = 0, fine_sum = 0;
         for (int i = 0; i < GROUP; ++i) {
-            float steps = v[i] * inv, coarse = rintf(steps);
+            float steps = inv > 0.0f ? v[i] * inv : 0.0f, coarse = rintf(steps);
             codes[i] = (int8_t)coarse;
             fine[i] = (int8_t)rintf((steps - coarse) * FINE_STEPS);
             code_sum += codes[i];

@@ -85,6 +85,21 @@ def test_decode_split_over_threads_matches() -> None:
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
+def test_decode_refuses_a_cache_it_would_misread() -> None:
+    """The kernel reads float32 or bfloat16: a float16 cache was read as float32 (past its
+    end); tables or lengths not one per query row read past theirs."""
+    if cpu_kernels.decode_kernel() is None:
+        pytest.skip("no C compiler: the torch path serves")
+    q = torch.randn(2, 2, 32)
+    tables, lens = torch.zeros(2, 1, dtype=torch.long), torch.tensor([3, 3])
+    geometry = (BLOCK_SIZE, NUM_LAYERS * 2 * BLOCK_SIZE, 0)
+    cache = torch.randn(4 * NUM_LAYERS * 2 * BLOCK_SIZE, 2, 32)
+    with pytest.raises(ValueError, match="float16"):
+        cpu_kernels.paged_decode(q, cache.half(), tables, lens, geometry, None, 0.2)
+    with pytest.raises(ValueError, match="one block table"):
+        cpu_kernels.paged_decode(q, cache, tables[:1], lens, geometry, None, 0.2)
+
+
 def test_a_failed_build_is_reported_not_raised(monkeypatch, tmp_path) -> None:
     """Without a working compiler the loader says why and the torch path serves."""
     monkeypatch.setenv("CC", "/bin/false")

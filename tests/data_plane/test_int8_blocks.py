@@ -86,3 +86,20 @@ def test_the_embedding_shares_the_kernels_bytes_with_a_tied_head() -> None:
     assert torch.equal(embedding(ids), want)
     head = embedding.as_linear()
     assert isinstance(head, int8_blocks.Int8BlockLinear) and head.codes is embedding.codes
+
+
+def test_a_nan_activation_gives_nan_outputs_as_a_plain_matmul() -> None:
+    """The kernel quantizes each row's groups of 32: a NaN was dropped from the group's
+    maximum and cast to a code (undefined in C), and the row came out finite, hiding the NaN
+    from everything after the lm_head."""
+    torch.manual_seed(0)
+    codes, scales = int8_rows(torch.randn(32, 64))
+    layout = int8_blocks.to_kernel_layout(codes)
+    head = int8_blocks.Int8BlockLinear(layout, scales.to(torch.bfloat16).view(torch.int16))
+    x = torch.randn(3, 64)
+    x[1, 5] = float("nan")
+    x[2, 32:] = float("nan")  # a whole group
+    reference = x @ head.dequantized().T
+    out = head(x)
+    assert out[0].isfinite().all() and not out[1:].isfinite().any()
+    assert torch.equal(out.isnan(), reference.isnan())
