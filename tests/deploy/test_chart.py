@@ -69,6 +69,9 @@ VARIANT_VALUES: dict[str, Any] = {
     "serviceAccount": {"create": False, "name": "inference"},
     "gateway": {"autoscaling": {"enabled": False}, "pdb": {"enabled": False}, "replicas": 3},
     "model": {"source": "none", "path": "tiny-random", "dtype": ""},
+    # null: left to the worker (sized by gpu_memory_utilization; B_xfer from the knobs); they
+    # rendered as "" and "<nil>", which the worker's settings refused at start
+    "dataPlane": {"hbmKvGiB": None, "bXfer": None},
 }
 
 
@@ -528,6 +531,7 @@ def test_variant_branches(variant_docs: list[Manifest]) -> None:
     c = container(find(variant_docs, "StatefulSet", "-data-plane"))
     assert env_of(c)["SUPERINFER_MODEL"]["value"] == "tiny-random"
     assert "SUPERINFER_DTYPE" not in env_of(c)
+    assert "SUPERINFER_HBM_KV_GIB" not in env_of(c) and "SUPERINFER_B_XFER" not in env_of(c)
     assert not any(m["name"] == "model" for m in c["volumeMounts"])
     redis = find(variant_docs, "StatefulSet", "-redis")
     auth = env_of(container(redis))["REDISCLI_AUTH"]["valueFrom"]["secretKeyRef"]

@@ -249,3 +249,27 @@ def test_bench_capacity_refuses_what_it_cannot_do(capsys: pytest.CaptureFixture[
     ):
         assert cli_main([*base, *extra]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_bench_timeout_bounds_each_request_in_all(tiny_served: Served, tmp_path: Path) -> None:
+    """--timeout was httpx's per-read timeout: a request streaming for longer finished fine
+    (vLLM's and our help say: seconds one request may take). Now it fails at the limit."""
+    out = tmp_path / "t.json"
+    argv = ["bench", "--base-url", f"{tiny_served.url}/v1", "--trace", "synthetic:16:400"]
+    argv += ["--rps", "10", "--num-requests", "2", "--timeout", "0.05", "--no-progress"]
+    cli_main([*argv, "--json", str(out)])
+    document = json.loads(out.read_text())
+    assert document["results"][0]["failed"] == 2
+    assert all("--timeout" in (r["error"] or "") for r in document["requests"])
+
+
+def test_bench_refuses_what_it_would_hang_on() -> None:
+    """--rps inf over a duration generated arrivals forever; --max-concurrency 0 opened no
+    connection (httpx) while meaning no limit (vLLM)."""
+    from lab.traces import load_trace
+
+    with pytest.raises(ValueError, match="rps inf"):
+        load_trace("synthetic:4:4", rps=float("inf"), duration_s=1.0, num_requests=None)
+    with pytest.raises(SystemExit):
+        cli_main(["bench", "--base-url", "http://127.0.0.1:9", "--trace", "synthetic:4:4",
+                  "--num-requests", "1", "--max-concurrency", "0"])  # fmt: skip

@@ -85,3 +85,33 @@ def test_serve_passes_switches_as_switches() -> None:
 def test_an_unknown_field_is_an_error() -> None:
     with pytest.raises(ValueError, match="no such field"):
         add_settings_flags(argparse.ArgumentParser(), WorkerSettings, ["no_such_field"])
+
+
+def test_serve_takes_the_gateways_environment_unless_a_flag_is_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`serve` passed every gateway flag's default explicitly, and an explicit value beats
+    the environment: SUPERINFER_PORT, _SERVED_MODEL_NAME, _ALLOWED_ORIGINS... were ignored
+    (the worker, reading its own environment, then named the model otherwise)."""
+    from superinfer.serve import _gateway_settings
+
+    env = {
+        "SUPERINFER_PORT": "8123",
+        "SUPERINFER_SERVED_MODEL_NAME": "from-env",
+        "SUPERINFER_ALLOWED_ORIGINS": '["https://a.example"]',
+        "SUPERINFER_ENABLE_AUTO_TOOL_CHOICE": "true",
+        "SUPERINFER_TOOL_CALL_PARSER": "hermes",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = _subcommand("serve").parse_args(["--model", "tiny-random"])
+    settings = _gateway_settings(args, "redis://x/0", "t" * 32)
+    assert (settings.port, settings.host) == (8123, "127.0.0.1")
+    assert settings.served_model_name == "from-env"
+    assert settings.allowed_origins == ["https://a.example"]
+    assert settings.enable_auto_tool_choice and settings.tool_call_parser == "hermes"
+    given = _subcommand("serve").parse_args(
+        ["--model", "tiny-random", "--port", "9000", "--served-model-name", "flag"]
+    )
+    settings = _gateway_settings(given, "redis://x/0", "t" * 32)
+    assert (settings.port, settings.served_model_name) == (9000, "flag")
