@@ -11,12 +11,12 @@ down until the crossing is bracketed, then bisection until hi / lo <= ``--capaci
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lab.crossing import CAPACITY_METRIC, CrossingSearch
+from lab.loadgen.report import json_text
 
 DEFAULT_CAPACITY_TOL = 1.2  # each probe is a served run: a coarser bracket than the simulator's
 
@@ -108,5 +108,5 @@ def report_capacity(args: argparse.Namespace, result: CapacityResult, model: str
         config.pop("admin_token", None)
         config["model"] = model
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(result.document(config), indent=2) + "\n"
+        text = json_text(result.document(config))
         Path(args.json).write_text(text, encoding="utf-8")

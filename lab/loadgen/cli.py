@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import itertools
 import os
 import sys
 from dataclasses import dataclass
@@ -45,6 +45,7 @@ from lab.loadgen.report import (
     bench_rows,
     client_lag_fields,
     counter_deltas,
+    json_text,
     parse_goodput,
     plot_bench,
     print_rows,
@@ -278,6 +279,7 @@ def _request_json(record: RequestRecord) -> dict[str, Any]:
         "ttft_s": times[0] - record.sent_s if times else None,
         "e2el_s": record.end_s - record.sent_s,
         "num_events": len(times),
+        "itl_s": [later - earlier for earlier, later in itertools.pairwise(times)],
         "input_len": record.input_len,
         "output_len": record.output_len,
         "prompt_tokens": record.prompt_tokens,
@@ -307,7 +309,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+        Path(args.json).write_text(json_text(document), encoding="utf-8")
     if args.plot:
         title = f"{document['config']['model']}, policy {overall['policy']}"
         plot_bench(outcome.run, outcome.slos, args.plot, title=title)

@@ -14,6 +14,8 @@ tokens (events when it reports none). vLLM's TPOT is (last event - first event) 
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -377,3 +379,19 @@ def plot_bench(run: RunResult, slos: Slos, path: str | Path, title: str = "") ->
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def json_text(value: Any) -> str:
+    """``value`` as strict JSON: an infinite or NaN float is written as the string "inf",
+    "-inf" or "nan" (as vLLM's saved results write an infinite rate; JSON has no such number)."""
+    return json.dumps(_json_safe(value), indent=2, allow_nan=False) + "\n"
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
+    return value

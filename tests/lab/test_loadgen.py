@@ -22,6 +22,7 @@ from lab.loadgen.report import (
     bench_rows,
     client_lag_fields,
     counter_deltas,
+    json_text,
     parse_goodput,
     server_counters,
     timeline,
@@ -115,6 +116,15 @@ def test_attainment_over_time() -> None:
     # [0, 2): A, B sent (both met); gaps end at 1.05 1.1 1.35 1.54 1.58 (one miss)
     # [2, 4]: C (miss), D (miss); no gap
     assert windows == [(1.0, 1.0, pytest.approx(4 / 5)), (3.0, 0.0, None)]
+
+
+def test_json_text_is_strict_json() -> None:
+    text = json_text({"rps": float("inf"), "rows": [float("-inf"), float("nan"), 1.5]})
+    assert json.loads(text, parse_constant=_refuse) == {"rps": "inf", "rows": ["-inf", "nan", 1.5]}
+
+
+def _refuse(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
 def test_sse_events() -> None:
@@ -211,6 +221,9 @@ def test_bench_json_counts_match_server_metrics(tiny_served: Served, tmp_path: P
         assert row["total_input_tokens"] == 24 * row["completed"]
         assert row["total_output_tokens"] == 12 * row["completed"]
     assert document["config"]["server_counters"]["requests"] == 6
+    for request in document["requests"]:  # per-request gaps, as vLLM's saved itls
+        assert len(request["itl_s"]) == request["num_events"] - 1
+        assert all(gap >= 0 for gap in request["itl_s"])
     assert run["policy"] == "lvf" and 0.0 <= run["ttft_attainment"] <= 1.0  # serve's default
 
 
@@ -231,12 +244,18 @@ def test_bench_capacity_brackets_the_served_crossing(tiny_served: Served, tmp_pa
     assert met and missed, probes  # bracketed
     capacity = document["capacity_rps"]
     assert max(met) <= capacity <= min(missed) <= 1.5 * max(met) * 1.001
-    for rate, meets in ((capacity / 2, True), (1.5 * min(missed), False)):
-        check = tmp_path / f"check_{rate:.3f}.json"
-        argv = [*base, "--duration", "2", "--rps", f"{rate:.3f}", "--json", str(check)]
-        assert cli_main(argv) == 0
-        value = json.loads(check.read_text())["results"][0]["slo_attainment"]
-        assert (value >= 0.9) is meets, (rate, value, probes)
+    # A busy host only adds misses: the rate that should meet gets a second run (4 s each, so
+    # one late request out of ~16 still passes); the rate that should miss gets one.
+    for rate, meets, num_runs in ((capacity / 2, True, 2), (1.5 * min(missed), False, 1)):
+        values = []
+        for attempt in range(num_runs):
+            check = tmp_path / f"check_{rate:.3f}_{attempt}.json"
+            argv = [*base, "--duration", "4", "--rps", f"{rate:.3f}", "--json", str(check)]
+            assert cli_main(argv) == 0
+            values.append(json.loads(check.read_text())["results"][0]["slo_attainment"])
+            if (values[-1] >= 0.9) is meets:
+                break
+        assert (values[-1] >= 0.9) is meets, (rate, values, probes)
 
 
 def test_bench_capacity_refuses_what_it_cannot_do(capsys: pytest.CaptureFixture[str]) -> None:
