@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -94,6 +94,23 @@ def usage(choices: list[Choice]) -> dict[str, Any]:
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": sum(c for _, c in prompts.values())},
     }
+
+
+def running_usage(choice: Choice) -> Callable[[], dict[str, Any]]:
+    """One choice's usage so far (vLLM's ``continuous_usage_stats``: its prompt and the
+    tokens it has produced)."""
+    generation = choice.generation
+
+    def now() -> dict[str, Any]:
+        completion = 0 if choice.echo_only else generation.num_completion_tokens
+        prompt = generation.num_prompt_tokens
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+    return now
 
 
 DISCONNECT_POLL_S = 0.5  # how often a wait with no stream to write to asks for the client

@@ -47,9 +47,13 @@ def valid_unicode(value: Any) -> Any:
 
 
 class StreamOptions(BaseModel):
+    """vLLM's: usage at the end unless ``include_usage`` is false or null; with
+    ``continuous_usage_stats`` also in every chunk (that choice's running counts)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    include_usage: bool = False
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
 
 
 class SamplingFields(BaseModel):
@@ -57,10 +61,10 @@ class SamplingFields(BaseModel):
 
     model: str | None = None
     max_tokens: PositiveInt | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    temperature: Annotated[float, Field(ge=0.0)] | None = None  # vLLM's: no upper bound
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Field(ge=-1, le=_MAX_INT)] | None = None
-    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    seed: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | None = None  # vLLM's int64
     stop: str | list[str] | None = None
     n: Annotated[int, Field(ge=1, le=_MAX_INT)] | None = None
     best_of: Annotated[int, Field(ge=1, le=_MAX_INT)] | None = None

@@ -23,6 +23,7 @@ from gateway.choices import (
     collect,
     error_event,
     merged_events,
+    running_usage,
     usage,
 )
 from gateway.errors import APIError
@@ -379,8 +380,13 @@ def _finish(choice: Choice, finish_reason: str | None) -> dict[str, Any]:
 
 
 def _sse(streams: list[ChoiceStream], body: SamplingFields, request_id: str) -> SseResponse:
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    formats = [ChunkFormat(stream.build, include_usage) for stream in streams]
+    options = body.stream_options
+    include_usage = bool(options and options.include_usage)
+    continuous = bool(options and options.continuous_usage_stats)
+    formats = [
+        ChunkFormat(s.build, include_usage, running_usage(s.choice) if continuous else None)
+        for s in streams
+    ]
     choices = [stream.choice for stream in streams]
     service = choices[0].generation.service
     keepalive_s = service.settings.sse_keepalive_s or None  # 0: no keep-alives

@@ -209,10 +209,11 @@ def _structured_param(body: SamplingFields) -> str:
 
 def check_choices(body: SamplingFields) -> None:
     """What the fields of one request may not combine (vLLM's answers): prompt_logprobs come
-    whole, not streamed; stream_options only with stream; an empty stop string stops nothing."""
+    whole, not streamed; stream_options (a non-empty one) only with stream; an empty stop
+    string stops nothing."""
     if body.stream and body.prompt_logprobs is not None:
         raise APIError(400, "prompt_logprobs is not served with stream: true", param="stream")
-    if body.stream_options is not None and not body.stream:
+    if body.stream_options is not None and body.stream_options.model_fields_set and not body.stream:
         raise APIError(400, "stream_options can only be given with stream: true", "stream_options")
     if body.stop == "" or (isinstance(body.stop, list) and "" in body.stop):
         raise APIError(400, "stop cannot contain an empty string", param="stop")

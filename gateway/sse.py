@@ -29,12 +29,19 @@ _TEXT_MARK, _REASON_MARK = "\x00text\x00", "\x00finish_reason\x00"
 
 
 class ChunkFormat:
-    """``data: <chunk JSON>\\n\\n`` for the chunks ``build`` makes (with ``"usage": null`` in
-    each when the client asked for usage)."""
+    """``data: <chunk JSON>\\n\\n`` for the chunks ``build`` makes; when the client asked for
+    usage, each chunk has ``"usage"``: null, or ``running_usage()`` when given (vLLM's
+    ``continuous_usage_stats``)."""
 
-    def __init__(self, build: ChunkBuilder, include_usage: bool) -> None:
+    def __init__(
+        self,
+        build: ChunkBuilder,
+        include_usage: bool,
+        running_usage: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self._build = build
         self._include_usage = include_usage
+        self._running_usage = running_usage if include_usage else None
         probe = self.event(build(_TEXT_MARK, _REASON_MARK)).decode()
         head, rest = probe.split(json.dumps(_TEXT_MARK))
         middle, tail = rest.split(json.dumps(_REASON_MARK))
@@ -43,12 +50,13 @@ class ChunkFormat:
     def event(self, chunk: dict[str, Any]) -> bytes:
         """Any chunk, serialised in full."""
         if self._include_usage and "usage" not in chunk:
-            chunk["usage"] = None
+            chunk["usage"] = None if self._running_usage is None else self._running_usage()
         return f"data: {json.dumps(chunk)}\n\n".encode()
 
     def delta(self, text: str, finish_reason: str | None) -> bytes:
         """The chunk of one text delta, the same bytes as ``event(build(text, reason))``."""
-        if finish_reason is not None:  # the last: built whole (its stop_reason, a chat's delta)
+        if finish_reason is not None or self._running_usage is not None:
+            # built whole: the last (its stop_reason, a chat's delta), or with running usage
             return self.event(self._build(text, finish_reason))
         reason = "null" if finish_reason is None else encode_basestring_ascii(finish_reason)
         parts = (self._head, encode_basestring_ascii(text), self._middle, reason, self._tail)
