@@ -100,18 +100,20 @@ class Replies:
                 self._reply[out.request_id] = (stream, sent + len(out.new_token_ids))
         return batches
 
-    def queue_lifecycle(self, pipe: Any) -> None:
-        """The pending lifecycle fields, onto ``pipe`` (each hash expires)."""
-        for request_id, fields in self._lifecycle:
-            key = streams.request_lifecycle_key(request_id)
-            pipe.hset(key, mapping=fields)
-            pipe.expire(key, streams.LIFECYCLE_TTL_S)
-        self._lifecycle.clear()
-
     @property
     def has_pending(self) -> bool:
         """Outputs or lifecycle fields still to write (e.g. after a failed write)."""
         return bool(self._unsent or self._lifecycle)
+
+    def _keep_lifecycle(self, entries: list[tuple[str, dict[str, Any]]]) -> None:
+        """``entries`` (not written) back before the newer ones, the oldest dropped past
+        ``MAX_PENDING_LIFECYCLE``."""
+        pending = entries + self._lifecycle
+        num_dropped = len(pending) - MAX_PENDING_LIFECYCLE
+        if num_dropped > 0:
+            log.error("lifecycle_fields_dropped", num_dropped=num_dropped)
+            pending = pending[num_dropped:]
+        self._lifecycle = pending
 
     async def send(self, redis: Redis, outputs: list[RequestOutput]) -> None:
         """One batch per reply stream (any unsent one first) and the lifecycle fields, in one
@@ -126,7 +128,8 @@ class Replies:
             batches.setdefault(stream, []).extend(batch)
         encoded = _encoded(batches)
         sending = {stream: batches[stream] for stream in encoded}
-        if not encoded and not self._lifecycle:
+        lifecycle, self._lifecycle = self._lifecycle, []
+        if not encoded and not lifecycle:
             return
         try:
             async with redis.pipeline(transaction=False) as pipe:
@@ -135,17 +138,37 @@ class Replies:
                         pipe.xadd(
                             stream, {"m": data}, maxlen=streams.MAXLEN_OUTPUTS, approximate=True
                         )
-                self.queue_lifecycle(pipe)
+                _queue_lifecycle(pipe, lifecycle)
                 results = await pipe.execute(raise_on_error=False)
         except BaseException:  # connection lost: everything is kept for the next call
             self._unsent = _merged(sending, self._unsent)
+            self._keep_lifecycle(lifecycle)
             raise
         counts = [len(messages) for messages in encoded.values()]
         failed = _still_unsent(sending, _per_stream(results, counts))
         self._unsent = _merged(failed, self._unsent)
+        hset_results = results[sum(counts) :: 2]
+        self._keep_lifecycle(
+            [e for e, r in zip(lifecycle, hset_results, strict=True) if _refused_for_now(r)]
+        )
 
 
 MAX_UNSENT_OUTPUTS = 65_536  # per reply stream, kept while Redis refuses writes
+MAX_PENDING_LIFECYCLE = 65_536  # requests' lifecycle fields kept while Redis refuses writes
+
+
+def _queue_lifecycle(pipe: Any, lifecycle: list[tuple[str, dict[str, Any]]]) -> None:
+    """Each request's lifecycle fields onto ``pipe``: one HSET, then its EXPIRE."""
+    for request_id, fields in lifecycle:
+        key = streams.request_lifecycle_key(request_id)
+        pipe.hset(key, mapping=fields)
+        pipe.expire(key, streams.LIFECYCLE_TTL_S)
+
+
+def _refused_for_now(result: Any) -> bool:
+    """A write Redis refused but may take later (out of memory, a read-only replica); not
+    one that can never succeed (the key holds another type)."""
+    return isinstance(result, Exception) and "WRONGTYPE" not in str(result)
 
 
 def _encoded(batches: dict[str, list[TokenOutput]]) -> dict[str, list[bytes]]:

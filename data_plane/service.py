@@ -187,7 +187,7 @@ class Worker:
             idle_ms = GRAMMAR_POLL_MS if len(self.grammars) else self.settings.idle_block_ms
             fetched = await self._fetch(block_ms=idle_ms)
             try:
-                if self.replies.has_pending:  # a failed write's outputs, nothing else to send
+                if self.replies.has_pending:  # lifecycle fields, or what a failed write left
                     await self._flush_sends()
                     await self.replies.send(self.redis, [])
             finally:  # a failed write again: what was read is still taken
@@ -410,9 +410,9 @@ class Worker:
             self._status_cache = self._status(now)
 
     async def _heartbeat(self) -> None:
-        """Publish the latest status (with a fresh time; none while a step is stalled) and
-        pending lifecycle fields, watch the gateways' heartbeats; read the knobs when their
-        version changed (applied by :meth:`_iterate`, between steps)."""
+        """Publish the latest status (with a fresh time; none while a step is stalled), watch
+        the gateways' heartbeats; read the knobs when their version changed (applied by
+        :meth:`_iterate`, between steps)."""
         await asyncio.sleep(self.settings.heartbeat_interval_s)
         if self.step_watch.stalled():  # gateways then treat this worker as gone
             return
@@ -421,7 +421,6 @@ class Worker:
             pipe.hset(streams.WORKERS_KEY, self.settings.worker_id, encode(status))
             # Alive for the control plane while idle too: it keeps this worker's lease.
             pipe.zadd(streams.SNAPSHOT_WORKERS_KEY, {self.settings.worker_id: status.t_heartbeat_s})
-            self.replies.queue_lifecycle(pipe)
             await pipe.execute()
         await self.gateways.poll(self.redis)
         await self.knobs.read()

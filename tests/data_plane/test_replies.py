@@ -76,6 +76,27 @@ async def test_one_stream_entry_per_gateway_and_the_lifecycle(redis_client: Redi
     await redis_client.delete(GW_A, GW_B)
 
 
+async def test_lifecycle_fields_survive_a_redis_blip(redis_client: Redis) -> None:
+    """The finish (and admission) fields of a write that lost its connection are written with
+    the next call; a key that is not a hash loses its fields (logged), blocking nothing."""
+    replies = _replies()
+    away = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)  # nothing there
+    with pytest.raises(ConnectionError):
+        await replies.send(away, [RequestOutput("r2", [1], 1, FinishReason.STOP)])
+    await away.aclose()
+    assert replies.has_pending
+    await replies.send(redis_client, [])
+    finished = await redis_client.hgetall(streams.request_lifecycle_key("r2"))
+    assert finished[b"finish_reason"] == b"stop" and finished[b"worker_id"] == b"w0"
+    assert await redis_client.ttl(streams.request_lifecycle_key("r2")) > 0
+    assert not replies.has_pending
+    key = streams.request_lifecycle_key("r1")
+    await redis_client.set(key, "not a hash")  # HSET refused for good (WRONGTYPE)
+    await replies.send(redis_client, [RequestOutput("r1", [1], 1, FinishReason.LENGTH)])
+    assert not replies.has_pending and len(await redis_client.xrange(GW_A)) == 1
+    await redis_client.delete(GW_A, GW_B, streams.request_lifecycle_key("r2"), key)
+
+
 class SnapshotWritesFail:
     """The real Redis, except that a pipeline writing a snapshot fails (a blip between two
     calls)."""
