@@ -3,7 +3,8 @@ FLUSHDB, a failover to an empty replica): the control plane keeps the last versi
 it saw and, when the hash is gone, writes it back as it was, version included, so that workers
 and gateways holding that version change nothing. It writes only into an absent hash (one
 script: never over an admin's write that came first). The control plane owns this because it
-is the one service that polls both hashes; gateways and workers only read them. With several
+is the one service that polls both hashes (gateways write them through the admin API, a
+worker seeds the knobs into an empty Redis, ``serve --policy`` sets the policy). With several
 replicas each keeps its own copy and the first to see the loss restores it: a change made
 within one poll (``knobs_poll_s``) before the loss may be one that replica had not seen yet.
 A control plane started after the loss writes its configured ones (``SUPERINFER_KNOBS`` /

@@ -1,7 +1,8 @@
 """Which workers exist, and the newest snapshot of each one this replica owns.
 
 Workers are found in a registry (``streams.SNAPSHOT_WORKERS_KEY``: worker id -> the time of
-its newest snapshot, written by the worker with each snapshot); one whose time stops changing
+its newest snapshot or heartbeat, written by the worker with each: an idle worker stays
+listed); one whose time stops changing
 for ``forget_s`` (this replica's clock: the workers' clocks are never compared with it) is
 gone. Each worker publishes on its own stream, so a replica reads only the workers whose lease
 it holds and Redis ships every snapshot once, whatever the number of replicas. Only the newest

@@ -64,8 +64,8 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 Fetched = list[T] | Exception  # a read's result, or the error it raised
 MAX_FAILED_STEPS = 3  # consecutive engine steps that raised before every request is failed
-# A step with nothing to decide (HybridPlanner.quiet) sends its snapshot at most this often:
-# only to keep the worker's lease and stream alive (control plane's worker_forget_s: 10 s).
+# A step with nothing to decide (HybridPlanner.quiet) sends its snapshot at most this often
+# (the control plane's view of it stays that fresh; the heartbeat keeps its lease).
 QUIET_SNAPSHOT_S = 1.0
 
 

@@ -42,7 +42,8 @@ BUS_LOST_AFTER_S = 2.0  # the reader failing this long without a good read: the 
 
 class Dispatcher:
     """Writes requests to workers' streams and routes their outputs to the in-flight
-    records (:class:`~gateway.inflight.InFlightRequests`, the generation service's)."""
+    records (:class:`~gateway.inflight.InFlightRequests`; the generation service adds and
+    releases them)."""
 
     def __init__(
         self,

@@ -1,4 +1,5 @@
-"""A request in flight through the gateway: one record, owned by the generation service.
+"""A request in flight through the gateway: one record, added and released by the generation
+service.
 
 The record holds everything the gateway knows of one request between its submit and its end:
 its :class:`Route` (worker, epoch, wire id, attempt: immutable, replaced whole by a move), its
@@ -96,8 +97,9 @@ class Outputs:
 
 
 class InFlight:
-    """One request's record (see the module docstring); changed by the generation service
-    and, for the outputs it routes, the dispatcher."""
+    """One request's record (see the module docstring); changed by the generation service (its
+    placement, submit, outcome) and the dispatcher (its route on a move, its stream entry id,
+    its received count, its outputs' end)."""
 
     def __init__(
         self,

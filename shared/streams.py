@@ -13,7 +13,8 @@ SNAPSHOT_WORKERS_KEY = f"{PREFIX}:snapshot-workers"
 # block on it beside their workers' streams, so a new worker is leased at once.
 WORKERS_JOINED_STREAM = f"{PREFIX}:snapshot-workers:joined"
 MAXLEN_WORKERS_JOINED = 1_000
-# Hash worker id -> last heartbeat (unix seconds), for readiness and routing.
+# Hash worker id -> its last heartbeat, an encoded WorkerStatus (time, load, knobs version...),
+# for readiness and routing.
 WORKERS_KEY = f"{PREFIX}:workers"
 # Hash gateway id -> last heartbeat (unix seconds), written by each gateway's refresh loop. A
 # worker aborts the requests of a gateway whose heartbeat stopped changing and deletes its
