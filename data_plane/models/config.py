@@ -47,6 +47,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     sliding_window: int | None = None
+    full_attention_layers: frozenset[int] = frozenset()  # layers the window does not apply to
     bos_token_id: int | None = 1
     eos_token_ids: tuple[int, ...] = field(default=(2,))
     dtype: torch.dtype = torch.float32
@@ -64,6 +65,10 @@ class ModelConfig:
                 f"config field 'num_key_value_heads' ({self.num_kv_heads}) must divide "
                 f"'num_attention_heads' ({self.num_heads})"
             )
+
+    def window_of(self, layer_index: int) -> int | None:
+        """The sliding window of layer ``layer_index`` (None: it attends to the whole context)."""
+        return None if layer_index in self.full_attention_layers else self.sliding_window
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -86,16 +91,16 @@ class ModelConfig:
         hidden = _require_int(raw, "hidden_size")
         num_heads = _require_int(raw, "num_attention_heads")
         head_dim = raw.get("head_dim") or hidden // num_heads
+        _check_activation(raw)
         theta, scaling = _rope_params(raw)
-        window = raw.get("sliding_window")
-        if family == "qwen2" and not raw.get("use_sliding_window", False):
-            window = None
+        num_layers = _require_int(raw, "num_hidden_layers")
+        window, full_layers = _sliding_window(raw, family, num_layers)
         return cls(
             architecture=family,
             vocab_size=_require_int(raw, "vocab_size"),
             hidden_size=hidden,
             intermediate_size=_require_int(raw, "intermediate_size"),
-            num_layers=_require_int(raw, "num_hidden_layers"),
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
             head_dim=int(head_dim),
@@ -105,7 +110,8 @@ class ModelConfig:
             rope_scaling=scaling,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
-            sliding_window=int(window) if window else None,
+            sliding_window=window,
+            full_attention_layers=full_layers,
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_eos_ids(raw.get("eos_token_id")),
             dtype=dtype or stored_dtype(raw),
@@ -119,12 +125,56 @@ def _require_int(raw: dict[str, Any], key: str) -> int:
     return value
 
 
+MISTRAL_DEFAULT_WINDOW = 4096  # transformers' MistralConfig default when the key is absent
+QWEN2_DEFAULT_MAX_WINDOW_LAYERS = 28  # transformers' Qwen2Config default
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _check_activation(raw: dict[str, Any]) -> None:
+    """The MLP is SwiGLU: ``hidden_act`` must be SiLU (a GELU model would be served wrong)."""
+    act = raw.get("hidden_act", raw.get("hidden_activation", "silu"))
+    if act not in ("silu", "swish"):
+        raise ModelConfigError(f"config field 'hidden_act': {act!r} is not supported (silu)")
+
+
+def _sliding_window(
+    raw: dict[str, Any], family: str, num_layers: int
+) -> tuple[int | None, frozenset[int]]:
+    """The window and the layers it skips, as transformers reads them: Llama has none (a
+    stray ``sliding_window`` is ignored); Mistral's defaults to 4096 when the key is absent;
+    Qwen2's needs ``use_sliding_window`` and applies from ``max_window_layers`` on; an explicit
+    ``layer_types`` (transformers 5) names each layer's kind."""
+    if family == "llama":
+        return None, frozenset()
+    window = raw.get("sliding_window", MISTRAL_DEFAULT_WINDOW if family == "mistral" else None)
+    if family == "qwen2" and not raw.get("use_sliding_window", False):
+        window = None
+    if window is None:
+        return None, frozenset()
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        raise ModelConfigError(
+            f"config field 'sliding_window': {window!r} is not supported (one window, > 0)"
+        )
+    layer_types = raw.get("layer_types")
+    if layer_types is None:
+        first = int(raw.get("max_window_layers", QWEN2_DEFAULT_MAX_WINDOW_LAYERS))
+        layer_types = [LAYER_TYPES[family != "qwen2" or i >= first] for i in range(num_layers)]
+    if len(layer_types) != num_layers or any(t not in LAYER_TYPES for t in layer_types):
+        raise ModelConfigError(
+            f"config field 'layer_types': {layer_types!r} is not supported "
+            f"({num_layers} of {', '.join(LAYER_TYPES)})"
+        )
+    full = frozenset(i for i, kind in enumerate(layer_types) if kind == "full_attention")
+    return (None, frozenset()) if len(full) == num_layers else (window, full)
+
+
 def _rope_params(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """rope_theta and scaling from either transformers 4 (rope_theta, rope_scaling) or
     transformers 5 (rope_parameters) config keys."""
     params = raw.get("rope_parameters") or {}
-    theta = float(raw.get("rope_theta") or params.get("rope_theta") or 10000.0)
     scaling = raw.get("rope_scaling") or params or None
+    nested = (scaling or {}).get("rope_theta") or params.get("rope_theta")
+    theta = float(nested or raw.get("rope_theta") or 10000.0)  # transformers 5: nested wins
     if scaling is not None:
         rope_type = scaling.get("rope_type", scaling.get("type", "default"))
         if rope_type == "default":

@@ -31,6 +31,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
     ),
     "mistral": dict(sliding_window=24, tie_word_embeddings=False),
     "qwen2": dict(tie_word_embeddings=True, use_sliding_window=False),
+    # the window on layers 1 and 2 only (from max_window_layers on), as transformers applies it
+    "qwen2_swa": dict(use_sliding_window=True, sliding_window=16, max_window_layers=1),
 }
 
 
@@ -41,11 +43,13 @@ def build_hf_model(family: str, directory: Path, seed: int = 0) -> torch.nn.Modu
         "llama3": transformers.LlamaConfig,
         "mistral": transformers.MistralConfig,
         "qwen2": transformers.Qwen2Config,
+        "qwen2_swa": transformers.Qwen2Config,
     }[family]
     model_cls = {
         "llama3": transformers.LlamaForCausalLM,
         "mistral": transformers.MistralForCausalLM,
         "qwen2": transformers.Qwen2ForCausalLM,
+        "qwen2_swa": transformers.Qwen2ForCausalLM,
     }[family]
     config = config_cls(**COMMON, **FAMILIES[family])
     config._attn_implementation = "eager"

@@ -1,5 +1,6 @@
 """Our engine vs transformers on random Llama-3 (rope scaling), Mistral (sliding window) and
-Qwen2 (q/k/v bias, tied embeddings) checkpoints: 8 prompts in one batch, chunked prefill."""
+Qwen2 (q/k/v bias, tied embeddings; and with its window on some layers) checkpoints: 8 prompts
+in one batch, chunked prefill."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ class RecordingSampler:
         return tokens
 
 
-@pytest.fixture(scope="module", params=["llama3", "mistral", "qwen2"])
+@pytest.fixture(scope="module", params=["llama3", "mistral", "qwen2", "qwen2_swa"])
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     directory = tmp_path_factory.mktemp(request.param)
     model = build_hf_model(request.param, directory)
@@ -79,6 +80,8 @@ def test_config_fields_are_read(checkpoint) -> None:
         assert cfg.sliding_window == 24
     if family == "qwen2":
         assert cfg.qkv_bias and cfg.tie_word_embeddings
+    if family == "qwen2_swa":
+        assert [cfg.window_of(i) for i in range(3)] == [None, 16, 16]
 
 
 @torch.no_grad()
@@ -88,6 +91,7 @@ def test_penalized_greedy_matches_transformers_generate(checkpoint) -> None:
     the unpenalized ones."""
     directory, prompts, reference = checkpoint
     model = AutoModelForCausalLM.from_pretrained(directory, torch_dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # min_new_tokens would mask EOS; vLLM does not
     loaded = load_model(str(directory))
     engine = build_engine(loaded, EngineConfig(block_size=16, num_hbm_blocks=4096))
     num_new = 16
@@ -103,8 +107,7 @@ def test_penalized_greedy_matches_transformers_generate(checkpoint) -> None:
             out = model.generate(
                 torch.tensor([prompt]),
                 do_sample=False,
-                max_new_tokens=num_new,
-                min_new_tokens=num_new,
+                max_new_tokens=num_new,  # no EOS: EOS is drawn and not stopped at (ignore_eos)
                 pad_token_id=0,
                 **theirs,
             )
