@@ -17,8 +17,7 @@ from control_plane.service import ControlPlane
 from control_plane.settings import ControlPlaneSettings
 from shared.health import redis_reachable, serve_health
 from shared.knobs import knobs_from_mapping, seed_knobs, write_knobs
-from shared.slo import slo_classes_from_mapping, write_slo_classes
-from shared.streams import SLO_CLASSES_KEY
+from shared.slo import seed_slo_classes, slo_classes_from_mapping, write_slo_classes
 
 log = structlog.get_logger(__name__)
 
@@ -95,8 +94,10 @@ async def apply_config(
     elif knobs:
         in_force, version = await seed_knobs(redis, knobs_from_mapping(knobs))
         log.info("config_knobs_in_force", version=version, policy=in_force.policy)
-    if classes and (overwrite or not await redis.hexists(SLO_CLASSES_KEY, "version")):
+    if classes and overwrite:
         _, version = await write_slo_classes(redis, classes)
+        log.info("config_slo_classes_written", version=version, classes=sorted(classes))
+    elif classes and (version := await seed_slo_classes(redis, classes)):
         log.info("config_slo_classes_written", version=version, classes=sorted(classes))
 
 

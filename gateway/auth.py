@@ -21,11 +21,10 @@ from redis.exceptions import RedisError, WatchError
 from gateway.errors import APIError
 from shared.knobs import MAX_WRITE_ATTEMPTS
 from shared.slo import read_slo_classes
-from shared.streams import API_KEYS_KEY, SLO_CLASSES_KEY
+from shared.streams import API_KEYS_KEY, API_KEYS_VERSION_KEY, SLO_CLASSES_KEY
 
 KEY_PREFIX = "sk-si-"
 MAX_KEY_CHARS = 256  # ours are 49; a longer token is never looked up
-API_KEYS_VERSION_KEY = f"{API_KEYS_KEY}:version"  # bumped by every create and delete
 KEY_ID_CHARS = 16
 
 

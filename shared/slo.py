@@ -31,6 +31,12 @@ end
 redis.call('HSET', KEYS[1], '{_VERSION_FIELD}', version + 1)
 return version + 1
 """
+# The same, only where no classes are yet (no version): 0 when some were there first.
+_SEED_CLASSES = f"""
+if redis.call('HEXISTS', KEYS[1], '{_VERSION_FIELD}') == 1 then
+  return 0
+end
+{_REPLACE_CLASSES}"""
 MAX_SLO_CLASSES = 256
 
 
@@ -114,6 +120,13 @@ async def write_slo_classes(redis: Redis, raw: dict[str, Any]) -> tuple[dict[str
     classes, args = slo_classes_write_args(raw)
     version = await redis.eval(_REPLACE_CLASSES, 1, SLO_CLASSES_KEY, *args)
     return classes, int(version)
+
+
+async def seed_slo_classes(redis: Redis, raw: dict[str, Any]) -> int:
+    """Write the classes ``raw`` only where Redis has none (one script: never over a write that
+    came first); the new version, or 0 when classes were there."""
+    _, args = slo_classes_write_args(raw)
+    return int(await redis.eval(_SEED_CLASSES, 1, SLO_CLASSES_KEY, *args))
 
 
 def _text(value: bytes | str) -> str:

@@ -107,6 +107,7 @@ MAXLEN_OUTPUTS = 4_096
 SLO_CLASSES_KEY = f"{PREFIX}:slo-classes"
 # Hash sha256(API key) -> msgpack {tenant, slo_class}: keys are never stored in the clear.
 API_KEYS_KEY = f"{PREFIX}:api-keys"
+API_KEYS_VERSION_KEY = f"{API_KEYS_KEY}:version"  # bumped by every create and delete
 # Per-request lifecycle hash (arrival, worker, admitted, rotations, first token, finish),
 # written by the gateway and the worker, expiring after LIFECYCLE_TTL_S.
 LIFECYCLE_TTL_S = 3600

@@ -223,8 +223,10 @@ def _run(
 def _update_b_xfer(parts: SimParts, result: SimResult) -> None:
     kv = parts.engine.kv
     if parts.auto_profile is not None and parts.transfer is not None:
-        kv.b_xfer_blocks = auto_b_xfer_blocks(
-            parts.auto_profile, parts.executor.last_iteration_s, parts.transfer.block_bytes
+        kv.set_b_xfer_blocks(
+            auto_b_xfer_blocks(
+                parts.auto_profile, parts.executor.last_iteration_s, parts.transfer.block_bytes
+            )
         )
     if parts.executor.num_iterations % 64 == 0:
         result.b_xfer_history.append(kv.b_xfer_blocks)

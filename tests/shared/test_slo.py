@@ -8,7 +8,12 @@ import asyncio
 import pytest
 from redis.asyncio import Redis
 
-from shared.slo import read_slo_classes, slo_classes_from_mapping, write_slo_classes
+from shared.slo import (
+    read_slo_classes,
+    seed_slo_classes,
+    slo_classes_from_mapping,
+    write_slo_classes,
+)
 from shared.streams import SLO_CLASSES_KEY
 
 SPEC = {"ttft_s": 1.0, "tbt_s": 0.1}
@@ -29,6 +34,21 @@ async def test_concurrent_writes_leave_one_writers_set(redis_client: Redis) -> N
         assert sorted(v for _, v in results) == [version - 1, version]
         versions.append(version)
     assert versions == sorted(versions) and len(set(versions)) == 40
+
+
+async def test_a_seed_never_writes_over_classes_written_first(redis_client: Redis) -> None:
+    """Two control planes starting on an empty Redis and an admin's PUT race: exactly one
+    seed writes, and no seed replaces the classes once some are there."""
+    await redis_client.delete(SLO_CLASSES_KEY)
+    results = await asyncio.gather(
+        *(seed_slo_classes(redis_client, {"standard": SPEC, f"s{i}": SPEC}) for i in range(8))
+    )
+    assert sorted(results) == [0] * 7 + [1]
+    (winner,) = [i for i, version in enumerate(results) if version]
+    await write_slo_classes(redis_client, {"standard": SPEC, "admin": SPEC})
+    assert await seed_slo_classes(redis_client, {"standard": SPEC, "late": SPEC}) == 0
+    classes, version = await read_slo_classes(redis_client)
+    assert set(classes) == {"standard", "admin"} and version == 2 and winner >= 0
 
 
 async def test_version_is_not_a_class_name_and_a_bad_version_heals(redis_client: Redis) -> None:
