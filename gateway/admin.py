@@ -58,7 +58,13 @@ MAX_REQUEST_ID_CHARS = 256
 
 @router.get("/knobs")
 async def get_knobs(request: Request) -> dict[str, Any]:
-    knobs, version = await read_knobs(_state(request).redis)
+    """The stored knobs; a stored value that does not validate (written by hand) is a 409
+    naming it (services keep the last valid knobs; a PUT of that knob repairs it)."""
+    try:
+        knobs, version = await read_knobs(_state(request).redis)
+    except KnobError as exc:
+        message = f"the stored knob {exc.knob!r} does not validate ({exc}); PUT a valid value"
+        raise APIError(409, message, param=exc.knob, code="invalid_stored_knob") from exc
     return {"version": version, "knobs": knobs_to_json(knobs)}
 
 

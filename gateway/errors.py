@@ -200,3 +200,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         return unexpected_error_response(exc)
+
+
+def bus_error(message: str, retry_after_s: int) -> APIError:
+    """The 503 for a request that could not reach Redis (the request bus), with Retry-After
+    as the other 503s: a client backs off and tries again."""
+    return APIError(503, message, code="bus", headers={"Retry-After": str(retry_after_s)})

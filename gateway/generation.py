@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.dispatcher import Dispatcher
-from gateway.errors import APIError
+from gateway.errors import APIError, bus_error
 from gateway.inflight import InFlight, InFlightRequests, Route
 from gateway.limits import KeyLimiter
 from gateway.metrics import GatewayMetrics
@@ -301,7 +301,8 @@ class GenerationService:
             await self.dispatcher.submit(record, submit)
         except RedisError as exc:
             self.live.release(record)
-            raise APIError(503, f"could not reach the request bus: {exc}", code="bus") from exc
+            message = f"could not reach the request bus: {exc}"
+            raise bus_error(message, self.settings.retry_after_s) from exc
         log.info("request_submitted", request_id=request_id, worker_id=status.worker_id)
         return generation
 

@@ -22,7 +22,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.errors import APIError
+from gateway.errors import APIError, bus_error
 from shared import streams
 
 MAX_CHAIN = 1024  # responses one continuation may walk back through
@@ -38,9 +38,16 @@ class Conversation:
 
 
 class ResponseStore:
-    def __init__(self, redis: Redis, ttl_s: float) -> None:
+    def __init__(self, redis: Redis, ttl_s: float, retry_after_s: int = 1) -> None:
         self.redis = redis
         self.ttl_s = ttl_s
+        self.retry_after_s = retry_after_s
+
+    async def _redis(self, call: Any) -> Any:
+        try:
+            return await call
+        except RedisError as exc:
+            raise bus_error(f"stored responses: {exc}", self.retry_after_s) from exc
 
     @property
     def enabled(self) -> bool:
@@ -68,16 +75,16 @@ class ResponseStore:
             pipe.set(streams.response_key(response["id"]), json.dumps(record), px=ttl_ms)
             for response_id in chain_ids:
                 pipe.pexpire(streams.response_key(response_id), ttl_ms)
-            await _redis(pipe.execute())
+            await self._redis(pipe.execute())
 
     async def load(self, response_id: str, owner: str | None) -> dict[str, Any]:
         """The stored record; 404 when there is none for this caller."""
-        raw = await _redis(self.redis.get(streams.response_key(response_id)))
+        raw = await self._redis(self.redis.get(streams.response_key(response_id)))
         return _owned(response_id, raw, owner)
 
     async def delete(self, response_id: str, owner: str | None) -> None:
         await self.load(response_id, owner)  # 404 for another caller's
-        await _redis(self.redis.delete(streams.response_key(response_id)))
+        await self._redis(self.redis.delete(streams.response_key(response_id)))
 
     async def history(self, response_id: str, owner: str | None) -> Conversation:
         """The conversation up to and including ``response_id``; 404 (``previous_response_id``)
@@ -92,7 +99,7 @@ class ResponseStore:
                     param="previous_response_id",
                 )
             keys = [streams.response_key(i) for i in chain_ids[1:]]
-            raws = await _redis(self.redis.mget(keys)) if keys else []
+            raws = await self._redis(self.redis.mget(keys)) if keys else []
             chain = [newest]
             for older_id, raw in zip(chain_ids[1:], raws, strict=True):
                 try:
@@ -117,7 +124,7 @@ class ResponseStore:
         older_ids: list[str] = []
         while (previous := record.get("previous")) is not None and len(older_ids) < MAX_CHAIN:
             older_ids.append(previous)
-            raw = await _redis(self.redis.get(streams.response_key(previous)))
+            raw = await self._redis(self.redis.get(streams.response_key(previous)))
             record = json.loads(raw) if raw is not None else {}
         return older_ids
 
@@ -128,10 +135,3 @@ def _owned(response_id: str, raw: bytes | str | None, owner: str | None) -> dict
     if record is None or record.get("owner") != (owner or ""):
         raise APIError(404, f"no stored response {response_id[:64]!r}", "response_id", "not_found")
     return dict(record)
-
-
-async def _redis(call: Any) -> Any:
-    try:
-        return await call
-    except RedisError as exc:
-        raise APIError(503, f"stored responses: {exc}", code="bus") from exc

@@ -65,7 +65,7 @@ class GatewayState:
         self.generations = GenerationService(
             settings, self.redis, self.tokenizer, self.dispatcher, self.directory, self.metrics
         )
-        self.responses = ResponseStore(self.redis, settings.responses_ttl_s)
+        self.responses = ResponseStore(self.redis, settings.responses_ttl_s, settings.retry_after_s)
         # structured outputs are checked to compile here (gateway/sampling.py), one at a time
         self.grammar_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-check")
         self.heartbeat = Heartbeat(

@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 
 from gateway.auth import ApiKey, bearer
 from gateway.auth_failures import auth_failures
-from gateway.errors import APIError
+from gateway.errors import APIError, bus_error
 from gateway.openai_models import SamplingFields
 from gateway.state import GatewayState
 from shared.slo import SloClass
@@ -50,7 +50,8 @@ async def authenticate(state: GatewayState, request: Request) -> Caller:
     try:
         key = await state.api_keys.lookup(token) if token else None
     except RedisError as exc:
-        raise APIError(503, f"could not check the API key: {exc}", code="bus") from exc
+        message = f"could not check the API key: {exc}"
+        raise bus_error(message, state.settings.retry_after_s) from exc
     if key is None and state.settings.require_api_key:
         error = APIError(401, "a valid API key is required", code="invalid_api_key")
         raise await auth_failures(request).failed(request, "api_key", error)

@@ -179,8 +179,11 @@ class WorkerDirectory:
         return [s for s in self.statuses.values() if self.beat_age_s(s) <= alive_s]
 
     def routable(self) -> list[WorkerStatus]:
-        """Live workers that take new requests (not draining)."""
-        return [s for s in self.alive() if s.accepting]
+        """Live workers that take new requests (not draining), none silent for longer than
+        ``worker_dead_s`` (its in-flight requests are being moved off it: a new one would be
+        lost at once)."""
+        dead_s = self.settings.worker_dead_s
+        return [s for s in self.alive() if s.accepting and self.beat_age_s(s) <= dead_s]
 
     def worker_for_key(self, key: str) -> str | None:
         """The routable worker ``prompt_cache_key`` ``key`` prefers (its prefix cache holds what

@@ -19,6 +19,7 @@ from gateway import auth
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from gateway.tenancy import Caller, served_class
+from shared import streams
 from shared.slo import SloClass, read_slo_classes, write_slo_classes
 from tests.redis_support import redis_url
 
@@ -270,6 +271,21 @@ async def test_knob_refusals_name_the_knob_and_take_auto_in_any_case(
     assert same.status_code == 200 and same.json()["version"] == knobs["version"]
     reserved = await admin.put("/admin/v1/slo-classes", json={"version": {"ttft_s": 1, "tbt_s": 1}})
     assert reserved.status_code == 422 and "reserved" in reserved.json()["error"]["message"]
+
+
+async def test_a_stored_knob_that_does_not_validate_is_named_and_repaired(
+    admin: httpx.AsyncClient, redis_client: Redis
+) -> None:
+    """A value written by hand past validation made GET a bare 500; now a 409 naming it, and
+    a PUT of that knob repairs it."""
+    await redis_client.hset(streams.KNOBS_KEY, mapping={"alpha": "garbage", "version": 7})
+    broken = await admin.get("/admin/v1/knobs")
+    assert broken.status_code == 409, broken.text
+    assert broken.json()["error"]["param"] == "alpha"
+    repaired = await admin.put("/admin/v1/knobs", json={"alpha": 2.0})
+    assert repaired.status_code == 200, repaired.text
+    got = await admin.get("/admin/v1/knobs")
+    assert got.status_code == 200 and got.json()["knobs"]["alpha"] == 2.0
 
 
 async def test_cors_is_vllms_by_default_and_follows_the_settings(redis_client: Redis) -> None:

@@ -74,6 +74,7 @@ async def test_an_unreachable_redis_is_not_shown_to_the_caller(
         response = await client.post("/v1/completions", json={"prompt": "x"}, headers=headers)
     detail = _check_generic(response, 503, "bus", logs)
     assert "could not check the API key" in detail  # with Redis's own words, in the log only
+    assert response.headers["retry-after"] == "1"  # as every 503: the client backs off
     assert "redis" not in response.text.lower() and "connect" not in response.text.lower()
 
 

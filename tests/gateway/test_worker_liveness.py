@@ -58,6 +58,27 @@ async def test_a_worker_whose_clock_is_behind_is_alive_while_it_beats(redis_clie
     assert directory.beat_age_s(directory.statuses["stale"]) > alive_s
 
 
+async def test_a_worker_silent_past_worker_dead_s_takes_no_new_request(
+    redis_client: Redis,
+) -> None:
+    """Its in-flight requests are moved off it after ``worker_dead_s``: new ones went to it for
+    2 s more (until ``worker_alive_s``) and were lost at once."""
+    settings = GatewaySettings(model="tiny-random", worker_dead_s=0.3, worker_alive_s=5.0)
+    directory = WorkerDirectory(redis_client, settings)
+    silent = _status("silent")
+    await _beat(redis_client, silent)
+    for _ in range(2):  # seen beating
+        silent = dataclasses.replace(silent, t_heartbeat_s=silent.t_heartbeat_s + 0.1)
+        await _beat(redis_client, silent)
+        await directory.refresh()
+    assert [s.worker_id for s in directory.routable()] == ["silent"]
+    await asyncio.sleep(0.5)  # it stops beating
+    await directory.refresh()
+    assert [s.worker_id for s in directory.alive()] == ["silent"]  # ready still (5 s)
+    assert directory.routable() == []
+    assert directory.no_worker_error().status_code == 503
+
+
 async def test_invalid_knobs_or_classes_in_redis_keep_the_last_good(redis_client: Redis) -> None:
     directory = WorkerDirectory(redis_client, GatewaySettings(model="tiny-random"))
     await redis_client.hset(streams.KNOBS_KEY, mapping={"alpha": "2.5", "version": 3})
