@@ -355,9 +355,10 @@ class GenerationService:
     async def check_workers(self) -> None:
         """Requests on a worker that stopped beating (or restarted) do not hang: those with no
         token yet go to another worker (a restarted one's new incarnation too), the others end
-        with a clear error. Those with no token on a draining worker move at once when another
-        worker takes requests (else they wait: it serves what it admitted; its next
-        incarnation gets the rest)."""
+        with a clear error. Those with no token on a draining worker, or on one that left
+        cleanly (drained: its status deleted), move at once when another worker takes
+        requests; else they wait (it serves what it admitted; its next incarnation reads the
+        rest, left pending in its stream), within their first-token deadline."""
         now = time.monotonic()
         dead_s = self.settings.worker_dead_s
         for record in self.live:
@@ -371,15 +372,17 @@ class GenerationService:
             restarted = status is not None and status.epoch != route.epoch
             dead = now - record.t_route_seen_s > dead_s
             draining = status is not None and not (restarted or dead or status.accepting)
+            left = status is None  # its status deleted: it exited (drained)
             if not (restarted or dead or draining):
                 continue
-            if record.submit is not None and record.num_received == 0:
+            waiting = record.submit if record.num_received == 0 else None  # no token yet
+            if waiting is not None:
                 try:
-                    if await self._resubmit(record, record.submit):
+                    if await self._resubmit(record, waiting):
                         continue
                 except RedisError as exc:
                     log.error("resubmit_failed", request_id=record.request_id, error=str(exc))
-            if draining:
+            if draining or (left and waiting is not None):
                 continue
             reason = "restarted" if restarted else f"sent no heartbeat for {dead_s:g} s"
             message = f"worker {route.worker_id} {reason}; the request was lost"

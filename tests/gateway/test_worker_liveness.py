@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -104,8 +105,8 @@ async def test_an_abort_redis_refused_goes_out_after_the_next_read(redis_client:
     assert sent == ["r0", "r1", "r2"]
 
 
-def _service(redis: Redis) -> GenerationService:
-    settings = GatewaySettings(model="tiny-random")
+def _service(redis: Redis, **overrides: Any) -> GenerationService:
+    settings = GatewaySettings(model="tiny-random", **overrides)
     directory = WorkerDirectory(redis, settings)
     dispatcher = Dispatcher(redis, "gw", 10, InFlightRequests())
     metrics = GatewayMetrics(directory, "m", vllm=False)
@@ -147,6 +148,34 @@ async def test_a_draining_or_restarted_workers_waiting_requests_move(redis_clien
     ) and generation.record.outputs.error is None
     assert await _submits(redis_client, "w1") == [route.wire_id]  # each move: its entry only
     assert await _submits(redis_client, "w0") == []
+
+
+async def test_the_only_workers_clean_exit_keeps_its_waiting_requests(redis_client: Redis) -> None:
+    """A worker that drains deletes its status as it exits: its requests with no token yet
+    failed as ``worker_lost`` 3 s later although its next incarnation reads them; they now
+    wait for it and follow it, while one that has tokens fails."""
+    service = _service(redis_client, worker_dead_s=0.2)
+    params = GenerationParams(
+        [1, 2, 3], SamplingParams(max_tokens=4), DEFAULT_SLO_CLASSES["interactive"]
+    )
+    await _beat(redis_client, _status("w0", epoch="e1"))
+    await service.directory.refresh()
+    waiting = await service.start("r1", params)
+    streaming = await service.start("r2", params)
+    streaming.record.num_received = 1  # it had a token
+    await _beat(redis_client, _status("w0", epoch="e1", accepting=False))  # draining
+    await service.directory.refresh()
+    await redis_client.hdel(streams.WORKERS_KEY, "w0")  # it exits cleanly
+    await asyncio.sleep(0.3)
+    await service.directory.refresh()
+    await service.check_workers()
+    assert waiting.record.outputs.error is None
+    assert streaming.record.outputs.error is not None
+    assert streaming.record.outputs.error.code == "worker_lost"
+    await _beat(redis_client, _status("w0", epoch="e2"))  # its next incarnation
+    await service.directory.refresh()
+    await service.check_workers()
+    assert waiting.record.route.epoch == "e2" and waiting.record.outputs.error is None
 
 
 async def test_a_malformed_status_is_logged_once_not_every_refresh(redis_client: Redis) -> None:
