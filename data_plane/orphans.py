@@ -1,9 +1,11 @@
 """Requests whose gateway died: every gateway writes its heartbeat (unix seconds) into
 ``superinfer:gateways`` from its refresh loop; a worker watches those values and calls a gateway
 dead once its value has not changed for ``gateway_dead_s`` of the worker's own watching. The
-worker then aborts the requests it owns for that gateway (nobody reads their tokens) and
-deletes the gateway's output stream (:func:`sweep_orphans`, which the worker's loop calls between
-engine steps).
+worker then aborts the requests it owns for that gateway, each ending with an error on the
+gateway's output stream (:func:`sweep_orphans`, which the worker's loop calls between engine
+steps). The stream stays until the gateway is forgotten (``gateway_forget_s``): a gateway that
+was only stalled (a frozen process, a VM paused) reads, when it runs again, the outputs of the
+requests that finished meanwhile and the errors of those aborted, instead of timing out.
 
 Judging by change on the worker's monotonic clock, not by comparing the value with the
 worker's wall clock, keeps clock skew between hosts out of it; a gap in the worker's own
@@ -50,7 +52,10 @@ class GatewayWatch:
         self.observe({_text(k): v for k, v in raw.items()}, time.monotonic())
         stale = [gw for gw, beat in self._beats(raw) if time.time() - beat > self.forget_s]
         if stale:
-            await redis.hdel(streams.GATEWAYS_KEY, *stale)
+            async with redis.pipeline(transaction=True) as pipe:
+                pipe.hdel(streams.GATEWAYS_KEY, *stale)
+                pipe.delete(*(streams.gateway_outputs_stream(gw) for gw in stale))
+                await pipe.execute()
             log.info("gateways_forgotten", gateway_ids=stale)
 
     def observe(self, beats: dict[str, bytes], now_s: float) -> None:
@@ -138,31 +143,27 @@ class GatewayWatch:
         return beats
 
 
-async def sweep_orphans(
-    watch: GatewayWatch, engine: Engine, replies: Replies, redis: Redis
-) -> None:
-    """Abort the requests of the gateways called dead, between engine steps, then delete their
-    output streams: after this worker's last write to them (an aborted request's outputs go
-    nowhere). Every worker deletes them once its own requests are aborted; a RedisError leaves
-    the gateways unswept, to try again."""
+def sweep_orphans(watch: GatewayWatch, engine: Engine, replies: Replies) -> None:
+    """Abort the requests of the gateways called dead, between engine steps; each ends with an
+    error on its reply stream (sent with the next outputs), read if its gateway comes back."""
     dead = set(watch.unswept)
     orphans = [
-        request_id
+        (request_id, gateway_id)
         for request_id, stream in replies.reply_streams().items()
-        if streams.gateway_of_outputs_stream(stream) in dead
+        if (gateway_id := streams.gateway_of_outputs_stream(stream)) in dead
     ]
-    for request_id in orphans:
+    for request_id, gateway_id in orphans:
         engine.abort(request_id)
-        replies.orphan(request_id)
-    outputs = [streams.gateway_outputs_stream(gateway_id) for gateway_id in dead]
-    for stream in outputs:
-        replies.drop_stream(stream)
-    await redis.delete(*outputs)
+        error = (
+            f"aborted by the worker: gateway {gateway_id} sent no heartbeat for "
+            f"{watch.dead_s:g} s (gateway_dead_s)"
+        )
+        replies.orphan(request_id, error)
     watch.unswept -= dead
     log.warning(
         "orphans_aborted",
         gateway_ids=sorted(dead),
-        request_ids=orphans,
+        request_ids=[request_id for request_id, _ in orphans],
         reason="their gateway was called dead (see gateway_dead)",
     )
 

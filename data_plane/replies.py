@@ -52,12 +52,19 @@ class Replies:
         call of :meth:`send` (and kept while Redis refuses it, as any batch)."""
         self._unsent.setdefault(reply_stream, []).append(output)
 
-    def orphan(self, request_id: str) -> None:
-        """Forget ``request_id`` (aborted: its gateway is gone, nobody reads its outputs); its
-        lifecycle records the abort."""
-        if self._reply.pop(request_id, None) is not None:
-            fields = {"finished_s": time.time(), "finish_reason": "abort", "orphaned": 1}
-            self._lifecycle.append((request_id, fields))
+    def orphan(self, request_id: str, error: str | None = None) -> None:
+        """Forget ``request_id`` (aborted: its gateway is gone); its lifecycle records the
+        abort. With ``error``, its reply stream gets that error as its end (a gateway that
+        was only stalled fails it at once when it reads again, instead of at a timeout)."""
+        entry = self._reply.pop(request_id, None)
+        if entry is None:
+            return
+        fields = {"finished_s": time.time(), "finish_reason": "abort", "orphaned": 1}
+        self._lifecycle.append((request_id, fields))
+        if error is not None:
+            stream, sent = entry
+            end = TokenOutput(request_id, sent, [], "error", error, error_kind="orphaned")
+            self.reject(stream, end)
 
     def drop_stream(self, reply_stream: str) -> None:
         """Forget the unsent outputs for ``reply_stream`` (its gateway is gone)."""

@@ -193,7 +193,7 @@ class Worker:
             finally:  # a failed write again: what was read is still taken
                 await self._apply(*fetched)
         if self.gateways.unswept:
-            await sweep_orphans(self.gateways, self.engine, self.replies, self.redis)
+            sweep_orphans(self.gateways, self.engine, self.replies)
         for msg in self.gateways.unparked():  # their gateway restarted: it beats again
             self._submit(msg)
         for msg, error in self.grammars.ready():  # compiled off the loop: now they join

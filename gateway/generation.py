@@ -157,6 +157,8 @@ class Generation:
         self._wait_deadline = None
         if msg.error:  # a rejected request (400) or the worker's own failure (500)
             self.failed = True
+            if msg.error_kind == "orphaned":  # this gateway was frozen past gateway_dead_s
+                raise APIError(503, msg.error, code="gateway_stalled")
             failed = msg.index > 0 or msg.error_kind == "engine"
             param = msg.error_param
             if param == "prompt":

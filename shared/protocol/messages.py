@@ -325,7 +325,7 @@ class StateSnapshot:
 # ---- to a gateway (its output stream) -----------------------------------------------------
 
 
-ERROR_KINDS = (None, "rejected", "engine")
+ERROR_KINDS = (None, "rejected", "engine", "orphaned")
 
 
 @message("tokens")
@@ -343,8 +343,9 @@ class TokenOutput:
     t_first_run_s: float | None = None  # when the engine first scheduled it (queue time)
     num_preemptions: int = 0  # set on the final message
     num_rotations: int = 0  # set on the final message
-    # with ``error``: "rejected" (the request can never be served: the client's 400) or
-    # "engine" (the worker failed while serving it: a 500)
+    # with ``error``: "rejected" (the request can never be served: the client's 400),
+    # "engine" (the worker failed while serving it: a 500) or "orphaned" (aborted because its
+    # gateway stopped beating: a 503 if that gateway was only frozen and reads it)
     error_kind: str | None = None
     # the log-probabilities of ``token_ids`` (when the request asked for them), and on the
     # message of its first token those of its prompt tokens after the first

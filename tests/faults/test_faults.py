@@ -245,6 +245,38 @@ async def test_worker_sigterm_drains_under_load(make_system: MakeSystem) -> None
     assert not exact_tokens(outcomes, 64)
 
 
+async def test_a_gateway_frozen_past_gateway_dead_s_loses_nothing(make_system: MakeSystem) -> None:
+    """A gateway process frozen (SIGSTOP: a paused VM, swapping) longer than the workers'
+    gateway_dead_s: its running requests are aborted, each with an error on its output stream,
+    which the workers no longer delete. Thawed, it delivers what finished meanwhile and fails
+    the aborted ones at once (they waited the whole token timeout, then got a 504)."""
+    system = make_system({"SUPERINFER_GATEWAY_DEAD_S": "1.5"})
+    load = Load(system.url, 4, 3000).start()  # long enough to be running at the sweep
+    await wait_for(lambda: system.worker("w0")["num_running"] > 0, "w0 runs", interval_s=0.05)
+    gateway = system.processes["gateway"]
+    gateway.send_signal(signal.SIGSTOP)
+    t_stop = time.monotonic()
+    try:
+        await wait_for(lambda: bool(system.events("w0", "orphans_aborted")), "w0 sweeps")
+    finally:
+        load.stop()  # the requests in flight are what is judged
+        gateway.send_signal(signal.SIGCONT)
+    t_thaw = time.monotonic()
+    outcomes = await load.finish()
+    await wait_for(lambda: _one_request_ok(system), "the thawed gateway serves")
+    frozen = [o for o in outcomes if o.t_start_s < t_stop]
+    print(
+        f"gateway frozen {t_thaw - t_stop:.1f} s: {summary(frozen)} of those sent before; "
+        f"ended within {max(o.t_end_s for o in frozen) - t_thaw:.1f} s of the thaw"
+    )
+    assert frozen and not [o for o in frozen if o.lost], _failures(frozen)
+    assert all(o.t_end_s - t_thaw < FAILURE_REPORTED_S for o in frozen), _failures(frozen)
+    aborted = [o for o in frozen if o.clear_error]
+    assert all(o.error_code == "gateway_stalled" for o in aborted), _failures(aborted)
+    (sweep,) = system.events("w0", "orphans_aborted")
+    assert len(aborted) == len(sweep["request_ids"])  # each aborted one told, the rest done
+
+
 def test_password_redis_and_secrets_never_logged() -> None:
     """A Redis that needs a password (given in the URL); the admin token and the password never
     appear in any service's log."""
