@@ -1,5 +1,5 @@
 """Requests whose gateway died: every gateway writes its heartbeat (unix seconds) into
-``superinfer:gateways`` from its refresh loop; a worker watches those values and calls a gateway
+``superinfer:gateways`` from its heartbeat thread; a worker watches those values and calls a gateway
 dead once its value has not changed for ``gateway_dead_s`` of the worker's own watching. The
 worker then aborts the requests it owns for that gateway, each ending with an error on the
 gateway's output stream (:func:`sweep_orphans`, which the worker's loop calls between engine

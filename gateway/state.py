@@ -22,7 +22,6 @@ from gateway.prompts import PromptEncoder
 from gateway.response_store import ResponseStore
 from gateway.settings import GatewaySettings
 from gateway.workers import WorkerDirectory
-from shared import streams
 from shared.model_source import model_display_name, resolve_model
 from shared.runtime import loop_with_backoff
 from shared.tokenizer import load_tokenizer_bundle
@@ -91,15 +90,9 @@ class GatewayState:
 
     async def _refresh(self) -> None:
         await self.directory.refresh()  # first: it records whether Redis answers
-        await self.beat()
         await self.api_keys.refresh()
         await self.generations.check_workers()
         await asyncio.sleep(self.settings.directory_refresh_s)
-
-    async def beat(self) -> None:
-        """This gateway's heartbeat: workers abort its requests once it stops (orphans). The
-        heartbeat thread writes it too, also while the loop is busy."""
-        await self.redis.hset(streams.GATEWAYS_KEY, self.gateway_id, f"{time.time():.3f}")
 
     async def close(self) -> None:
         self._stop.set()
