@@ -30,7 +30,6 @@ from gateway.auth import (
     is_key_id,
     keys_by_class,
 )
-from gateway.auth_failures import auth_failures
 from gateway.errors import APIError
 from gateway.state import GatewayState
 from shared import streams
@@ -46,10 +45,11 @@ def _state(request: Request) -> GatewayState:
 
 
 async def _admin(request: Request) -> None:
+    state = _state(request)
     try:
-        check_admin(request, _state(request).settings.admin_token)
+        check_admin(request, state.settings.admin_token)
     except APIError as error:
-        raise await auth_failures(request).failed(request, "admin", error) from None
+        raise await state.auth_failures.failed(request, "admin", error) from None
 
 
 router = APIRouter(prefix="/admin/v1", dependencies=[Depends(_admin)])

@@ -129,20 +129,3 @@ class AuthFailures:
             delay_s=round(delay, 3),
         )
         source.unlogged, source.logged_at_s = 0, now
-
-
-def auth_failures(request: Request) -> AuthFailures:
-    """The app's tracker, made at its first failure from the gateway's settings and metrics."""
-    app_state = request.app.state
-    tracker: AuthFailures | None = getattr(app_state, "auth_failures", None)
-    if tracker is None:
-        gateway = app_state.gateway
-        settings = gateway.settings
-        rule = FailureRule(
-            free=settings.auth_failures_free,
-            window_s=settings.auth_failure_window_s,
-            max_delay_s=settings.auth_failure_max_delay_s,
-        )
-        tracker = AuthFailures(gateway.metrics.auth_failures, rule)
-        app_state.auth_failures = tracker
-    return tracker

@@ -12,6 +12,7 @@ import structlog
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from gateway.auth import ApiKeyCache
+from gateway.auth_failures import AuthFailures, FailureRule
 from gateway.chat import ChatRenderer
 from gateway.dispatcher import Dispatcher
 from gateway.generation import GenerationService
@@ -64,6 +65,12 @@ class GatewayState:
         self.generations = GenerationService(
             settings, self.redis, self.tokenizer, self.dispatcher, self.directory, self.metrics
         )
+        rule = FailureRule(
+            free=settings.auth_failures_free,
+            window_s=settings.auth_failure_window_s,
+            max_delay_s=settings.auth_failure_max_delay_s,
+        )
+        self.auth_failures = AuthFailures(self.metrics.auth_failures, rule)
         self.responses = ResponseStore(self.redis, settings.responses_ttl_s, settings.retry_after_s)
         # structured outputs are checked to compile here (gateway/sampling.py), one at a time
         self.grammar_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-check")

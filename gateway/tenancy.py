@@ -23,7 +23,6 @@ from fastapi import Request
 from redis.exceptions import RedisError
 
 from gateway.auth import ApiKey, bearer
-from gateway.auth_failures import auth_failures
 from gateway.errors import APIError, bus_error
 from gateway.openai_models import SamplingFields
 from gateway.state import GatewayState
@@ -54,7 +53,7 @@ async def authenticate(state: GatewayState, request: Request) -> Caller:
         raise bus_error(message, state.settings.retry_after_s) from exc
     if key is None and state.settings.require_api_key:
         error = APIError(401, "a valid API key is required", code="invalid_api_key")
-        raise await auth_failures(request).failed(request, "api_key", error)
+        raise await state.auth_failures.failed(request, "api_key", error)
     return Caller(key)
 
 

@@ -93,7 +93,7 @@ async def test_a_good_client_is_not_slowed_while_a_source_spams(redis_client: Re
 async def test_too_many_waiting_failures_of_a_source_are_429(redis_client: Redis) -> None:
     app, admin = admin_client()
     counter = app.state.gateway.metrics.auth_failures
-    app.state.auth_failures = AuthFailures(
+    app.state.gateway.auth_failures = AuthFailures(
         counter, FailureRule(free=0, max_delay_s=0.5, max_waiting_per_source=2)
     )
     async with admin, _client(app, "10.0.0.10", WRONG) as attacker:
@@ -109,7 +109,7 @@ async def test_too_many_waiting_failures_of_a_source_are_429(redis_client: Redis
 async def test_the_sources_stay_bounded(redis_client: Redis) -> None:
     app, admin = admin_client()
     tracker = AuthFailures(app.state.gateway.metrics.auth_failures, FailureRule(max_sources=4))
-    app.state.auth_failures = tracker
+    app.state.gateway.auth_failures = tracker
     async with admin:
         for i in range(10):
             async with _client(app, f"10.1.0.{i}", WRONG) as client:
