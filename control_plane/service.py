@@ -34,7 +34,13 @@ from control_plane.snapshots import SnapshotReader, WorkerDirectory, WorkerSnaps
 from shared import streams
 from shared.b_xfer import resolve_b_xfer_blocks
 from shared.knobs import read_knobs
-from shared.policy import ColumnarSnapshot, Knobs, RequestColumns, plan_handles
+from shared.policy import (
+    ColumnarSnapshot,
+    Knobs,
+    RequestColumns,
+    plan_handles,
+    planned_remotely,
+)
 from shared.policy.adaptive import residency_knobs
 from shared.protocol import RotationPlan, StateSnapshot, encode
 from shared.protocol.convert import columns_from_table
@@ -129,10 +135,12 @@ class ControlPlane:
         self._lease_lock = asyncio.Lock()  # rounds run from the renewal loop and on a join
         self._join_round_s = -JOIN_ROUND_MIN_S
         self._join_round_wanted = False
+        self.num_unplannable = 0  # snapshots that decoded but could not be planned
 
     @property
     def num_malformed(self) -> int:
-        return self.reader.num_malformed
+        """Snapshots dropped: undecodable (counted by the reader) or unplannable (here)."""
+        return self.reader.num_malformed + self.num_unplannable
 
     async def run(self, stop: asyncio.Event) -> None:
         """Plan until ``stop``, renewing the leases beside; a clean stop releases them (a
@@ -173,7 +181,7 @@ class ControlPlane:
             self._join_round_s = time.monotonic()
             await self._lease_round()
         # never with knobs Redis does not hold; the peers' policies are planned by the workers
-        if snapshots and self.knobs_version > 0 and self.knobs.policy == "lvf":
+        if snapshots and self.knobs_version > 0 and planned_remotely(self.knobs):
             await self._publish_plans(snapshots)
         collect_due_garbage()  # the plans are out: off the round trip's critical path
 
@@ -185,7 +193,7 @@ class ControlPlane:
             try:
                 plan = plan_for(msg, self.knobs, self.knobs_version, snapshot.columns)
             except (ValueError, KeyError, ArithmeticError) as exc:  # e.g. a huge count
-                self.reader.num_malformed += 1
+                self.num_unplannable += 1
                 log.error("unplannable_snapshot", worker_id=msg.worker_id, error=str(exc))
                 continue
             plans.append((msg.worker_id, msg.epoch, msg.iteration, encode(plan)))

@@ -102,7 +102,11 @@ class WorkerState:
     def __init__(self, worker_id: str) -> None:
         self.worker_id = worker_id
         self.worker: Worker | None = None
-        self.draining = False
+
+    @property
+    def draining(self) -> bool:
+        """The worker's own flag (it owns it: set once, when the stop comes)."""
+        return self.worker is not None and self.worker.draining
 
 
 class WorkerCollector(Collector):
@@ -194,7 +198,6 @@ async def _run_and_drain(
     try:
         await asyncio.wait({run, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if not run.done():
-            state.draining = True
             worker.draining = True
             loop = asyncio.get_running_loop()
             deadline = loop.time() + drain_timeout_s

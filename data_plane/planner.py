@@ -13,7 +13,15 @@ import time
 
 import structlog
 
-from shared.policy import ColumnarSnapshot, Knobs, Plan, Snapshot, make_plan, nothing_to_decide
+from shared.policy import (
+    ColumnarSnapshot,
+    Knobs,
+    Plan,
+    Snapshot,
+    make_plan,
+    nothing_to_decide,
+    planned_remotely,
+)
 from shared.policy.adaptive import controlled_knobs, residency_controller
 from shared.policy.remote import fit_plan
 from shared.protocol import RotationPlan
@@ -115,7 +123,7 @@ class HybridPlanner:
             self.num_quiet += 1
             self._quiet_iteration = snapshot.iteration
             return make_plan(snapshot, knobs)
-        remote = self.remote_for(snapshot.iteration) if knobs.policy == "lvf" else None
+        remote = self.remote_for(snapshot.iteration) if planned_remotely(knobs) else None
         self._switch("local" if remote is None else "remote", snapshot.iteration)
         if remote is None:
             self.num_local += 1

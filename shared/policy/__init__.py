@@ -27,6 +27,7 @@ from shared.policy.registry import (
     make_plan,
     nothing_to_decide,
     plan_handles,
+    planned_remotely,
 )
 from shared.policy.routing import kv_usage, predicted_lag_s, worker_for_key
 from shared.policy.types import (
@@ -58,6 +59,7 @@ __all__ = [
     "make_plan",
     "nothing_to_decide",
     "plan_handles",
+    "planned_remotely",
     "predicted_lag_s",
     "vlt_array",
     "worker_for_key",

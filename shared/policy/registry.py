@@ -46,6 +46,12 @@ def make_plan(snapshot: Snapshot | ColumnarSnapshot, knobs: Knobs) -> Plan:
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
 
 
+def planned_remotely(knobs: Knobs) -> bool:
+    """Whether the control plane plans under ``knobs`` (LVF); the other policies are planned
+    by each worker for itself."""
+    return knobs.policy == "lvf"
+
+
 class PlanHandles(NamedTuple):
     """A plan's transitions as request handles (``arrival_seq``), without the batch."""
 
