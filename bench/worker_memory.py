@@ -37,7 +37,6 @@ import time
 import tracemalloc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -114,16 +113,6 @@ class NullExecutor(Executor):
         )
 
 
-class _NullPipe:
-    """Where the heartbeat's lifecycle writes would go (no Redis here)."""
-
-    def hset(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def expire(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-
 @dataclass(slots=True)
 class Loop:
     """The worker's per-iteration work around one engine: requests in, step, outputs out,
@@ -178,8 +167,8 @@ class Loop:
                 self.engine.kv, identity, result, elapsed, self.planner.source, self.deltas, base
             )
         )
-        if self.num_iterations % 100 == 0:  # the heartbeat's lifecycle writes
-            self.replies.queue_lifecycle(_NullPipe())
+        if self.num_iterations % 100 == 0:  # the lifecycle writes (no Redis here)
+            self.replies.take_lifecycle()
 
     def drain(self) -> None:
         """Run until nothing is live and no copy is in flight (a stall raises)."""
@@ -190,7 +179,7 @@ class Loop:
         else:
             raise RuntimeError(f"the engine did not drain: {self.engine.stats}")
         self.engine.kv.drain()
-        self.replies.queue_lifecycle(_NullPipe())
+        self.replies.take_lifecycle()
         if self.live or len(self.replies):
             raise RuntimeError(f"drained with {len(self.live)} live requests left")
 

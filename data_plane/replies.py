@@ -112,6 +112,12 @@ class Replies:
         """Outputs or lifecycle fields still to write (e.g. after a failed write)."""
         return bool(self._unsent or self._lifecycle)
 
+    def take_lifecycle(self) -> list[tuple[str, dict[str, Any]]]:
+        """The pending lifecycle fields, taken: the caller writes them (or gives back what it
+        could not, :meth:`_keep_lifecycle`)."""
+        lifecycle, self._lifecycle = self._lifecycle, []
+        return lifecycle
+
     def _keep_lifecycle(self, entries: list[tuple[str, dict[str, Any]]]) -> None:
         """``entries`` (not written) back before the newer ones, the oldest dropped past
         ``MAX_PENDING_LIFECYCLE``."""
@@ -135,7 +141,7 @@ class Replies:
             batches.setdefault(stream, []).extend(batch)
         encoded = _encoded(batches)
         sending = {stream: batches[stream] for stream in encoded}
-        lifecycle, self._lifecycle = self._lifecycle, []
+        lifecycle = self.take_lifecycle()
         if not encoded and not lifecycle:
             return
         try:
