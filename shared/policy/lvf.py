@@ -5,7 +5,8 @@ worker, the control plane and the simulator all plan with it).
 Algorithm 1, as the code runs it (``knobs`` at their §4 values, see :class:`Knobs`):
 
 1. Contention check: B_HBM = free HBM blocks less the running requests' next-step growth; if
-   B_HBM >= sum of blk(r) over waiting and rotary requests, fall back to FCFS.
+   B_HBM >= sum of blk(r) over waiting and rotary requests (and, ours: the free seats cover
+   those that can start), fall back to FCFS.
 2. L = running + waiting + rotary by VLT, descending (ties: arrival time, arrival order).
    B_left = B_HBM + B_xfer.
 3. Head scan: take each request with VLT >= 0 whose blk(r) <= B_left, B_left -= blk(r).
@@ -98,9 +99,10 @@ def lvf_transitions(
     blk = candidate_blocks(columns.num_tokens, columns.num_blocks_hbm, waiting, bs)
     b_hbm = snapshot.num_free_hbm_blocks - int(growth.sum())
     seats_free = snapshot.max_num_seqs - len(running)
-    if b_hbm >= int(blk[candidates].sum()):  # step 1: no contention, FCFS
-        # a rotary request whose rotate-out copy is in flight cannot come back: no seat for it
-        ready = candidates[(columns.num_blocks_hbm[candidates] == 0) | waiting[candidates]]
+    # a rotary request whose rotate-out copy is in flight cannot come back: no seat for it
+    ready = candidates[(columns.num_blocks_hbm[candidates] == 0) | waiting[candidates]]
+    if b_hbm >= int(blk[candidates].sum()) and len(ready) <= max(0, seats_free):
+        # step 1: no contention for blocks or seats, FCFS
         arrival = np.lexsort((columns.arrival_seq[ready], columns.t_arr_s[ready]))
         chosen = ready[arrival[: max(0, seats_free)]]
         return join_and_pack(

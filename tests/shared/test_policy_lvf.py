@@ -95,11 +95,33 @@ def test_contention_check_is_exact_at_the_boundary() -> None:
 
 
 def test_fcfs_fallback_respects_max_num_seqs() -> None:
-    views = [running("x", t_run=1.0)] + [waiting(f"w{i}", t_arr=i, seq=i) for i in range(4)]
+    views = [running("x", t_run=1.0)] + [waiting(f"w{i}", t_arr=i, seq=i) for i in range(2)]
     snapshot = snap(*views, free=100, seqs=3)
     plan = make_plan(snapshot, LVF)
     assert plan.fcfs_fallback and plan.admit_ids == ["w0", "w1"]
     check_plan(snapshot, plan)
+
+
+def test_seats_are_contended_like_blocks() -> None:
+    """HBM for everyone, seats for fewer: LVF ranks by lag, and rotates a running request out
+    for a seat. The contention check counted only blocks: at max_num_seqs a request waited
+    however long, and more free HBM left it worse off than less (found by the policy review)."""
+    views = [running("x", t_run=1.0)] + [waiting(f"w{i}", t_arr=i, seq=i) for i in range(4)]
+    snapshot = snap(*views, free=100, seqs=3)
+    plan = make_plan(snapshot, LVF)
+    assert not plan.fcfs_fallback and plan.admit_ids == ["w0", "w1"]  # the largest VLTs
+    check_plan(snapshot, plan)
+    t_now = 200.0
+    seated = [
+        running(r, t_run=1.0, blocks=32, t_last=t_now - 0.01, seq=i) for i, r in enumerate("ab")
+    ]
+    late = waiting("late", t_arr=100.0, seq=2)
+    for free in (1000, 1):  # plenty of HBM, or not enough: a seat is made either way
+        full = snap(*seated, late, free=free, xfer=100, seqs=2, t_now=t_now)
+        plan = make_plan(full, LVF)
+        assert len(plan.rotate_out_ids) == 1, (free, plan)
+        assert plan.admit_ids == (["late"] if free > 1 else []), plan  # 1: once b's blocks go
+        check_plan(full, plan)
 
 
 # ---- step 3: the head scan -----------------------------------------------------------------

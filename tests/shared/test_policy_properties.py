@@ -234,7 +234,13 @@ def check_lvf(snapshot: Snapshot, knobs: Knobs, plan: Plan) -> None:
     growth = sum(growth_of.values())
     candidates = [v for v in snapshot.requests if v.state is not RequestState.RUNNING]
     demand = sum(demand_blocks(v, bs) for v in candidates)
-    assert plan.fcfs_fallback == (snapshot.num_free_hbm_blocks - growth >= demand)  # step 1
+    # those that can start: a rotary request whose copy out is in flight (HBM blocks) cannot
+    num_ready = sum(v.state is RequestState.WAITING or v.num_blocks_hbm == 0 for v in candidates)
+    seats_free = snapshot.max_num_seqs - (len(snapshot.requests) - len(candidates))
+    uncontended = num_ready <= max(0, seats_free)  # ours: seats are contended too
+    assert plan.fcfs_fallback == (  # step 1
+        snapshot.num_free_hbm_blocks - growth >= demand and uncontended
+    )
     if plan.fcfs_fallback:
         assert not plan.rotate_out_ids and not plan.preempt_ids
         return
