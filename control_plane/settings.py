@@ -14,10 +14,12 @@ class ControlPlaneSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SUPERINFER_")
 
     redis_url: str = "redis://127.0.0.1:6379/0"
-    read_block_ms: int = 200
-    knobs_poll_s: float = 0.2  # knob changes reach plans within this (target: 1 s)
-    heartbeat_ttl_s: int = 5
-    health_port: int | None = None  # /health, /ready, /metrics on this port; None or 0: off
+    read_block_ms: int = Field(default=200, ge=1)  # 0 would block the read forever
+    # knob changes reach plans within this (target: 1 s)
+    knobs_poll_s: float = Field(default=0.2, gt=0.0)
+    heartbeat_ttl_s: int = Field(default=5, ge=1)
+    # /health, /ready, /metrics on this port; None or 0: off
+    health_port: int | None = Field(default=None, ge=0, le=65535)
     health_host: str = "0.0.0.0"
     # Knobs ({"policy": "lvf", "b_xfer": "auto", ...}) and SLO classes ({"interactive":
     # {"ttft_s": 1.0, "tbt_s": 0.05}, ...}), JSON in SUPERINFER_KNOBS / SUPERINFER_SLO_CLASSES
@@ -26,12 +28,16 @@ class ControlPlaneSettings(BaseSettings):
     knobs: dict[str, Any] | None = None
     slo_classes: dict[str, Any] | None = None
     config_overwrite: bool = False
-    redis_timeout_s: float = 5.0  # every Redis call (longer than any blocking read's block time)
+    # every Redis call (longer than any blocking read's block time)
+    redis_timeout_s: float = Field(default=5.0, gt=0.0)
     # Replicas (docs/scaling.md): each worker is planned by the one replica holding its lease.
     # Ids must differ between replicas (the chart uses the pod name); a restarted replica with
     # the same id adopts its own leases at once. Default: host name and process id (two
     # replicas on one host shared the host name, both planning every worker).
     replica_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    lease_ttl_ms: int = 3000  # a dead replica's workers are taken over within about this
-    lease_renew_s: float = 0.5  # renewal and rebalancing period (well under the TTL)
-    worker_forget_s: float = 10.0  # a worker without a snapshot this long is released
+    # a dead replica's workers are taken over within about this
+    lease_ttl_ms: int = Field(default=3000, ge=1)
+    # renewal and rebalancing period (well under the TTL)
+    lease_renew_s: float = Field(default=0.5, gt=0.0)
+    # a worker without a snapshot or heartbeat this long is released
+    worker_forget_s: float = Field(default=10.0, gt=0.0)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.model_source import default_model
@@ -30,18 +30,23 @@ class WorkerSettings(BaseSettings):
     # CPU threads for the model's kernels (llama.cpp's -t); None: every core this process may
     # run on (data_plane/threads.py).
     threads: int | None = Field(default=None, ge=1)
-    block_size: int = 16
-    hbm_kv_gib: float | None = None  # None: sized by gpu_memory_utilization (engine/sizing.py)
-    gpu_memory_utilization: float | None = None  # vLLM's; None: 0.9 on CUDA, 1 GiB KV on CPU
-    max_model_len: int | None = None  # vLLM's; must fit the pool
-    dram_kv_gib: float = 0.0
-    swap_space: float | None = None  # vLLM's name for the host tier in GiB (= dram_kv_gib)
-    tensor_parallel_size: int = 1  # only 1 is served
-    num_hbm_blocks: int | None = None
-    num_dram_blocks: int | None = None
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
-    transfer_backend: str = "auto"  # auto: cuda on a CUDA device with cuda-python, else cpu
+    block_size: int = Field(default=16, ge=1, le=4096)
+    # None: sized by gpu_memory_utilization (engine/sizing.py)
+    hbm_kv_gib: float | None = Field(default=None, gt=0.0)
+    # vLLM's; None: 0.9 on CUDA, 1 GiB KV on CPU
+    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_model_len: int | None = Field(default=None, ge=1)  # vLLM's; must fit the pool
+    dram_kv_gib: float = Field(default=0.0, ge=0.0)
+    # vLLM's name for the host tier in GiB (= dram_kv_gib)
+    swap_space: float | None = Field(default=None, ge=0.0)
+    # only 1 is served (one worker per GPU)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=1)
+    num_hbm_blocks: int | None = Field(default=None, ge=1)
+    num_dram_blocks: int | None = Field(default=None, ge=0)
+    max_num_batched_tokens: int = Field(default=2048, ge=1)
+    max_num_seqs: int = Field(default=256, ge=1)
+    # auto: cuda on a CUDA device with cuda-python, else cpu
+    transfer_backend: Literal["auto", "cpu", "cuda", "naive"] = "auto"
     # vLLM's --enable-prefix-caching (on by default, as in vLLM V1): shared prompt prefixes
     # are computed once; with a DRAM tier its synced copies are a second level.
     enable_prefix_caching: bool = True
@@ -50,28 +55,56 @@ class WorkerSettings(BaseSettings):
     # step); the worker plans with the knobs in Redis, whoever wrote them. B_xfer None (or
     # "auto"): the measured link bandwidth x the iteration time.
     policy: str = "lvf"
-    b_xfer: int | None = Field(default=None, ge=1, json_schema_extra={"flag_words": ["auto"]})
-    plan_max_age_iterations: int = 4  # older remote plans are ignored; the worker plans locally
+    b_xfer: int | None = Field(
+        default=None, ge=1, le=2**31 - 1, json_schema_extra={"flag_words": ["auto"]}
+    )
+    # older remote plans are ignored; the worker plans locally
+    plan_max_age_iterations: int = Field(default=4, ge=0)
     # Snapshots as deltas against the table of the newest fresh plan (the rows changed since:
     # shared/protocol/delta.py); off: every snapshot carries its whole table.
     snapshot_deltas: bool = True
-    read_batch: int = 256  # requests taken from the stream per iteration
-    idle_block_ms: int = 50
-    heartbeat_interval_s: float = 0.5  # status for gateways (routing, readiness, metrics)
+    read_batch: int = Field(default=256, ge=1)  # requests taken from the stream per iteration
+    idle_block_ms: int = Field(default=50, ge=1)  # 0 would block the idle read forever
+    # status for gateways (routing, readiness, metrics)
+    heartbeat_interval_s: float = Field(default=0.5, gt=0.0)
     # An engine step running this long, and 10x the longest before it, is stalled: the
     # heartbeat stops (gateways end its streams and route elsewhere) until it ends
     step_stall_s: float = Field(default=30.0, gt=0.0)
     # A gateway whose heartbeat (superinfer:gateways) has not changed for this long, as this
-    # worker watched it, is dead: its requests here are aborted and its output stream deleted.
+    # worker watched it, is dead: its requests here are aborted, each ending with an error on
+    # its output stream (read if that gateway was only frozen).
     gateway_dead_s: float = Field(default=10.0, gt=0)
-    gateway_forget_s: float = 3600.0  # heartbeats older than this leave the hash
-    health_port: int | None = None  # /health, /ready, /metrics on this port; None or 0: off
+    # heartbeats older than this leave the hash, with their gateway's output stream
+    gateway_forget_s: float = Field(default=3600.0, gt=0.0)
+    # /health, /ready, /metrics on this port; None or 0: off
+    health_port: int | None = Field(default=None, ge=0, le=65535)
     health_host: str = "0.0.0.0"
-    drain_timeout_s: float = 30.0  # on SIGTERM: finish the requests it owns for up to this long
+    # on SIGTERM: finish the requests it owns for up to this long
+    drain_timeout_s: float = Field(default=30.0, ge=0.0)
     # A stopped worker's request and plan streams expire this long after it stopped unless a
     # worker of the same id starts again (with random pod names each roll left a pair)
     stopped_streams_ttl_s: float = Field(default=3600.0, gt=0.0)
-    redis_timeout_s: float = 5.0  # every Redis call (longer than any blocking read's block time)
+    # every Redis call (longer than any blocking read's block time)
+    redis_timeout_s: float = Field(default=5.0, gt=0.0)
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        from shared.policy import POLICY_NAMES
+
+        if value not in POLICY_NAMES:
+            raise ValueError(f"{value!r} is not one of {', '.join(POLICY_NAMES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_host_tier_size(self) -> WorkerSettings:
+        """``swap_space`` (vLLM's name) and ``dram_kv_gib`` size the same tier: one, or equal."""
+        if self.swap_space is not None and self.dram_kv_gib not in (0.0, self.swap_space):
+            raise ValueError(
+                f"swap_space {self.swap_space} and dram_kv_gib {self.dram_kv_gib} both size "
+                "the host KV tier; give one"
+            )
+        return self
 
     @field_validator("b_xfer", mode="before")
     @classmethod

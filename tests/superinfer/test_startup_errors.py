@@ -33,6 +33,16 @@ def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
         (["data-plane", "--model", str(STORIES_DIR / "stories260K.bin"), "--max-model-len",
           "4096"], {}, "--max-model-len"),
         (["gateway", "--model", str(STORIES_DIR / "stories260K.bin")], {}, "admin token"),
+        # worker settings out of range: refused before the weights load (were tracebacks after)
+        (["data-plane", "--model", "tiny-random", "--gpu-memory-utilization", "1.5"], {},
+         "gpu_memory_utilization"),
+        (["data-plane", "--model", "tiny-random", "--swap-space", "2", "--dram-kv-gib", "1"], {},
+         "both size the host KV tier"),
+        (["data-plane", "--model", "tiny-random", "--policy", "foo"], {}, "policy"),
+        # ... and by serve before any child (the embedded Redis included)
+        (["serve", "--model", "tiny-random", "--block-size", "0"], {}, "block_size"),
+        (["serve", "--model", "tiny-random", "--policy", "foo"], {}, "'foo' is not one of"),
+        (["serve", "--model", "tiny-random"], {"SUPERINFER_MAX_NUM_SEQS": "0"}, "max_num_seqs"),
         (["gateway", "--model", str(STORIES_DIR / "stories260K.bin")],
          {"SUPERINFER_ADMIN_TOKEN": "short"}, "at least 16 characters"),
     ],
@@ -46,3 +56,10 @@ def test_a_service_that_cannot_start_says_why_in_one_line(
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert errors and says in errors[0], done.stderr[-2000:]
+
+
+def test_serve_not_ready_in_time_exits_1() -> None:
+    """It printed its error and exited 0: a supervisor took the failed start for a clean stop."""
+    done = _run(["serve", "--model", "tiny-random", "--port", "0", "--ready-timeout-s", "0.2"], {})
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "error: not ready after 0.2 s" in done.stderr
