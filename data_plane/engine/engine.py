@@ -307,7 +307,9 @@ class Engine:
                 self._move(request, RequestStatus.ROTARY)
 
     def _apply_transitions(self, plan: Plan, now: float) -> None:
-        for request_id in reversed(plan.preempt_ids):
+        # in the plan's order (the newest first), each to the front: the oldest victim ends
+        # first in line, as vLLM V1's prepend of each victim it pops
+        for request_id in plan.preempt_ids:
             self._preempt(self._expect(request_id, RequestState.RUNNING))
         for request_id in plan.rotate_out_ids:
             request = self._expect(request_id, RequestState.RUNNING)

@@ -11,6 +11,7 @@ from data_plane.engine.config import EngineConfig
 from data_plane.engine.llm import build_engine, generate
 from data_plane.engine.sampling import SamplingParams
 from data_plane.models import ModelConfigError, load_model
+from shared.policy import Plan
 from tests.conftest import STORIES_REFERENCE_TEXT, STORIES_REFERENCE_TOKENS
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0)
@@ -43,6 +44,21 @@ def test_llama2c_tokenizer_round_trip(stories) -> None:
     assert tok.decode([1, *STORIES_REFERENCE_TOKENS]).startswith("Once upon a time, there was")
     text = "Lily saw a big, red ball. Ünïcode ✓"
     assert tok.decode(tok.encode(text)) == text
+
+
+def test_recompute_victims_requeue_in_vllm_v1_order(stories) -> None:
+    """vLLM V1 pops the newest running request and prepends it to the waiting queue, then the
+    next: the older victim ends first in line. The plan lists them as popped (newest first);
+    they were requeued newest first, so the baseline re-admitted the newest victim first."""
+    tok = stories.tokenizer
+    engine = build_engine(stories, EngineConfig(block_size=4, num_hbm_blocks=64))
+    for i, text in enumerate(["Tim had a dog", "The cat sat", "Once upon"]):
+        engine.add_request(f"q{i}", tok.encode(text), SamplingParams(max_tokens=50))
+    for _ in range(3):
+        engine.step()
+    assert [r.request_id for r in engine.running] == ["q0", "q1", "q2"]
+    engine._apply_transitions(Plan(preempt_ids=["q2", "q1"]), engine.clock())
+    assert [r.request_id for r in engine.waiting] == ["q1", "q2"]
 
 
 def _run(loaded, config: EngineConfig, prompts, params):
