@@ -223,6 +223,8 @@ def load_tokenizer_bundle(model: str, tokenizer_path: str | None = None) -> Toke
     directory (tokenizer.json, tokenizer_config.json), a ``.gguf`` file (its metadata), a
     llama2.c ``.bin`` (``tok*.bin`` beside it, or ``tokenizer_path``), or ``tiny-random``."""
     if model == "tiny-random":
+        if tokenizer_path:
+            raise TokenizerNotFoundError("tiny-random has its own byte tokenizer: no --tokenizer")
         return TokenizerBundle(ByteTokenizer(), model)
     path = Path(model)
     name = model_display_name(model)
@@ -230,14 +232,28 @@ def load_tokenizer_bundle(model: str, tokenizer_path: str | None = None) -> Toke
         raise TokenizerNotFoundError(f"model path {model!r} does not exist")
     if path.is_dir():
         return _hf_bundle(path, Path(tokenizer_path) if tokenizer_path else None, name)
+    if tokenizer_path:
+        return tokenizer_bundle_at(Path(tokenizer_path), name)
     if path.suffix == ".gguf":  # the tokenizer is in the file's metadata
-        return load_gguf_bundle(Path(tokenizer_path) if tokenizer_path else path, name)
-    source = Path(tokenizer_path) if tokenizer_path else None
-    if source is None:
-        source = next(iter(sorted(path.parent.glob("tok*.bin"))), None)
+        return load_gguf_bundle(path, name)
+    source = next(iter(sorted(path.parent.glob("tok*.bin"))), None)
     if source is None or not source.is_file():
         raise TokenizerNotFoundError(f"no llama2.c tokenizer (tok*.bin) beside {model!r}")
     return TokenizerBundle(Llama2cTokenizer(source), name)
+
+
+def tokenizer_bundle_at(path: Path, name: str) -> TokenizerBundle:
+    """``--tokenizer`` for a single-file model (GGUF, llama2.c), as vLLM takes it whatever the
+    model's format: an HF tokenizer directory or its ``tokenizer.json`` (with the directory's
+    chat template and special tokens), a ``.gguf`` file (its metadata) or a llama2.c
+    ``tok*.bin``. The worker reads the same path the same way."""
+    if not path.exists():
+        raise TokenizerNotFoundError(f"tokenizer path {str(path)!r} does not exist")
+    if path.suffix == ".gguf":
+        return load_gguf_bundle(path, name)
+    if path.is_dir() or path.suffix == ".json":
+        return _hf_bundle(path if path.is_dir() else path.parent, path, name)
+    return TokenizerBundle(Llama2cTokenizer(path), name)
 
 
 def _hf_bundle(directory: Path, tokenizer_path: Path | None, name: str) -> TokenizerBundle:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from shared.errors import ConfigError
+
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
 
 
@@ -140,5 +142,5 @@ class TokenizerBundle:
     eos_token: str = ""
 
 
-class TokenizerNotFoundError(ValueError):
+class TokenizerNotFoundError(ConfigError):
     """The model path holds no tokenizer we can load (a clear error, never a hub download)."""

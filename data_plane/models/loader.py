@@ -21,6 +21,7 @@ from data_plane.models.config import (
 from data_plane.models.gguf_loader import load_gguf
 from data_plane.models.llama import DecoderLayer, LlamaModel, empty_model
 from data_plane.models.loaded import LoadedModel
+from shared.gguf_tokenizer import load_gguf_bundle
 from shared.tokenizer import ByteTokenizer, HFTokenizer, Llama2cTokenizer, Tokenizer
 
 TINY_RANDOM = "tiny-random"
@@ -68,8 +69,13 @@ def load_model(
 
 
 def load_tokenizer(path: Path, config: ModelConfig) -> Tokenizer:
+    """``--tokenizer``: an HF tokenizer directory or ``tokenizer.json`` (with the model's BOS
+    and EOS), a ``.gguf`` file's tokenizer, or a llama2.c ``tok*.bin`` (as the gateway reads
+    it: shared.tokenizer.tokenizer_bundle_at)."""
     if not path.exists():
         raise ModelConfigError(f"tokenizer path {str(path)!r} does not exist")
+    if path.suffix == ".gguf":
+        return load_gguf_bundle(path, "").tokenizer
     if path.is_dir():
         path = path / "tokenizer.json"
         if not path.exists():

