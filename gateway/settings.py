@@ -151,6 +151,16 @@ class GatewaySettings(BaseSettings):
             raise ValueError("enable_auto_tool_choice needs tool_call_parser (hermes, llama3_json)")
         return self
 
+    @field_validator("chat_template")
+    @classmethod
+    def _chat_template_is_there(cls, value: str | None) -> str | None:
+        """A template file that exists, or a template's text (before anything starts)."""
+        if value is not None:
+            from gateway.chat import load_chat_template
+
+            load_chat_template(value)
+        return value
+
     @field_validator("admin_token")
     @classmethod
     def _admin_token_is_real(cls, token: str | None) -> str | None:

@@ -13,7 +13,6 @@ import httpx
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from gateway.app import create_app
 from gateway.chat import ChatRenderer, ChatTemplateError, load_chat_template
 from gateway.settings import GatewaySettings
 from shared.tokenizer import ByteTokenizer, TokenizerBundle, load_tokenizer_bundle
@@ -125,9 +124,9 @@ def test_the_operator_template_is_a_file_or_inline(tmp_path: Path) -> None:
 
 
 def test_a_bad_chat_template_setting_stops_the_gateway_at_start(tmp_path: Path) -> None:
-    settings = GatewaySettings(admin_disabled=True, chat_template=str(tmp_path / "nope.jinja"))
+    """Refused with the settings, before anything starts (serve's children included)."""
     with pytest.raises(ValueError, match=r"nope\.jinja"):
-        create_app(settings)
+        GatewaySettings(admin_disabled=True, chat_template=str(tmp_path / "nope.jinja"))
 
 
 def test_served_chat_uses_the_operator_template_on_both_lanes(

@@ -42,6 +42,8 @@ def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
         # ... and by serve before any child (the embedded Redis included)
         (["serve", "--model", "tiny-random", "--block-size", "0"], {}, "block_size"),
         (["serve", "--model", "tiny-random", "--policy", "foo"], {}, "'foo' is not one of"),
+        (["serve", "--model", "tiny-random", "--chat-template", "/no/such.jinja"], {},
+         "neither an existing file nor a jinja2 template"),
         (["serve", "--model", "tiny-random"], {"SUPERINFER_MAX_NUM_SEQS": "0"}, "max_num_seqs"),
         (["gateway", "--model", str(STORIES_DIR / "stories260K.bin")],
          {"SUPERINFER_ADMIN_TOKEN": "short"}, "at least 16 characters"),
