@@ -59,7 +59,7 @@ class Row:
 
 
 def start_replica(url: str, index: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "SUPERINFER_REDIS_URL": url, "SUPERINFER_WORKER_FORGET_S": "2"}
+    env = {**os.environ, "SUPERINFER_REDIS_URL": url, "SUPERINFER_WORKER_RELEASE_S": "2"}
     return subprocess.Popen(
         [sys.executable, "-m", "superinfer", "control-plane", f"--replica-id=cp{index}"],
         env=env,

@@ -130,7 +130,7 @@ class ControlPlane:
         self._knobs_checked_s = 0.0
         self.keeper = ConfigKeeper()
         self.leases = Leases(redis, settings.replica_id, settings.lease_ttl_ms)
-        self.directory = WorkerDirectory(settings.worker_forget_s)
+        self.directory = WorkerDirectory(settings.worker_release_s)
         self.reader = SnapshotReader(redis, settings.read_block_ms)
         self._lease_lock = asyncio.Lock()  # rounds run from the renewal loop and on a join
         self._join_round_s = -JOIN_ROUND_MIN_S

@@ -39,5 +39,6 @@ class ControlPlaneSettings(BaseSettings):
     lease_ttl_ms: int = Field(default=3000, ge=1)
     # renewal and rebalancing period (well under the TTL)
     lease_renew_s: float = Field(default=0.5, gt=0.0)
-    # a worker without a snapshot or heartbeat this long is released
-    worker_forget_s: float = Field(default=10.0, gt=0.0)
+    # a worker without a snapshot or heartbeat this long is released (SUPERINFER_WORKER_RELEASE_S:
+    # the gateway's worker_forget_s, which deletes a worker, is another setting)
+    worker_release_s: float = Field(default=10.0, gt=0.0)
