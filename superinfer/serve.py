@@ -95,7 +95,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat-template", default=None, help="jinja file or inline template")
     parser.add_argument(
         "--enable-auto-tool-choice",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
         help='tool_choice "auto": the model decides, its calls parsed (needs --tool-call-parser)',
     )
@@ -107,7 +107,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--exclude-tools-when-tool-choice-none",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
         help='tool_choice "none" leaves the tools out of the prompt (default: rendered)',
     )
@@ -118,7 +118,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         )  # fmt: skip
     parser.add_argument(
         "--allow-credentials",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
         help="CORS: allow credentials (vLLM's flag)",
     )

@@ -96,7 +96,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="read the server's SLO classes (default: $SUPERINFER_ADMIN_TOKEN)",
     )
     add("--no-ignore-eos", action="store_true", help="do not send ignore_eos")
-    add("--timeout", type=float, default=600.0, help="seconds one request may take, in all")
+    add(
+        "--timeout",
+        type=_positive_float,
+        default=600.0,
+        help="seconds one request may take, in all",
+    )
     add("--no-progress", action="store_true", help="no progress bar")
     add("--json", default=None, help="write {config, results, requests} here")
     add("--plot", default=None, help="PNG: TTFT/TBT CDFs with SLO lines, attainment over time")
@@ -330,3 +335,10 @@ def _run_capacity(args: argparse.Namespace) -> int:
     result = search_capacity(args, run_at)
     report_capacity(args, result, model[0] if model else str(args.model))
     return 0 if result.rows and any(row["completed"] for row in result.rows) else 1
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
