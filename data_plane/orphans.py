@@ -29,7 +29,8 @@ from data_plane.engine.engine import Engine
 from data_plane.grammar_intake import PendingGrammars
 from data_plane.replies import Replies
 from shared import streams
-from shared.protocol import SubmitRequest
+from shared.protocol import SubmitRequest, TokenOutput
+from shared.protocol.limits import MAX_ERROR_CHARS
 
 log = structlog.get_logger(__name__)
 MAX_PARKED = 4096  # requests of gateways called dead held for one poll (more are dropped)
@@ -52,9 +53,13 @@ class GatewayWatch:
         self.observe({_text(k): v for k, v in raw.items()}, time.monotonic())
         stale = [gw for gw, beat in self._beats(raw) if time.time() - beat > self.forget_s]
         if stale:
+            # the output streams only of those this worker called dead (by its own watching,
+            # never by comparing clocks): a live gateway's stream is never deleted
+            dead = [gw for gw in stale if gw in self.dead]
             async with redis.pipeline(transaction=True) as pipe:
                 pipe.hdel(streams.GATEWAYS_KEY, *stale)
-                pipe.delete(*(streams.gateway_outputs_stream(gw) for gw in stale))
+                if dead:
+                    pipe.delete(*(streams.gateway_outputs_stream(gw) for gw in dead))
                 await pipe.execute()
             log.info("gateways_forgotten", gateway_ids=stale)
 
@@ -111,26 +116,29 @@ class GatewayWatch:
         """``reply_stream`` belongs to a gateway called dead."""
         return streams.gateway_of_outputs_stream(reply_stream) in self.dead
 
-    def park(self, request: SubmitRequest) -> None:
-        """Hold a request of a gateway called dead until the next poll (:meth:`unparked`)."""
+    def park(self, request: SubmitRequest) -> bool:
+        """Hold a request of a gateway called dead until the next poll (:meth:`unparked`);
+        False when too many are held (the caller drops it)."""
         if len(self._parked) >= MAX_PARKED:
             log.warning("request_of_dead_gateway_dropped", request_id=request.request_id)
-            return
+            return False
         self._parked.append((self.num_polls, request))
+        return True
 
-    def unparked(self) -> list[SubmitRequest]:
-        """The parked requests whose gateway beat again in a poll since they were parked;
-        those whose gateway is still dead then are dropped (logged); the rest stay."""
-        revived, waiting = [], []
+    def unparked(self) -> tuple[list[SubmitRequest], list[SubmitRequest]]:
+        """The parked requests whose gateway beat again in a poll since they were parked, and
+        those dropped because it is still dead then (logged); the rest stay."""
+        revived, dropped, waiting = [], [], []
         for parked_at, request in self._parked:
             if parked_at == self.num_polls:
                 waiting.append((parked_at, request))
             elif self.owns_dead(request.reply_stream):
                 log.warning("request_of_dead_gateway_dropped", request_id=request.request_id)
+                dropped.append(request)
             else:
                 revived.append(request)
         self._parked = waiting
-        return revived
+        return revived, dropped
 
     @staticmethod
     def _beats(raw: dict[bytes, bytes]) -> list[tuple[str, float]]:
@@ -143,22 +151,34 @@ class GatewayWatch:
         return beats
 
 
-def sweep_orphans(watch: GatewayWatch, engine: Engine, replies: Replies) -> None:
-    """Abort the requests of the gateways called dead, between engine steps; each ends with an
-    error on its reply stream (sent with the next outputs), read if its gateway comes back."""
+def orphaned_error(reply_stream: str, dead_s: float) -> str:
+    """The error a request of a gateway called dead ends with (read if that gateway was only
+    frozen and runs again)."""
+    gateway_id = streams.gateway_of_outputs_stream(reply_stream) or reply_stream
+    message = f"aborted by the worker: gateway {gateway_id} sent no heartbeat for {dead_s:g} s"
+    return message[:MAX_ERROR_CHARS]
+
+
+def sweep_orphans(
+    watch: GatewayWatch, engine: Engine, replies: Replies, grammars: PendingGrammars
+) -> None:
+    """Abort the requests of the gateways called dead, between engine steps (after the last
+    step's outputs went out), those whose grammar still compiles too; each ends with an error
+    on its reply stream (sent with the next outputs), read if its gateway comes back."""
     dead = set(watch.unswept)
     orphans = [
-        (request_id, gateway_id)
+        (request_id, stream)
         for request_id, stream in replies.reply_streams().items()
-        if (gateway_id := streams.gateway_of_outputs_stream(stream)) in dead
+        if streams.gateway_of_outputs_stream(stream) in dead
     ]
-    for request_id, gateway_id in orphans:
+    for request_id, stream in orphans:
         engine.abort(request_id)
-        error = (
-            f"aborted by the worker: gateway {gateway_id} sent no heartbeat for "
-            f"{watch.dead_s:g} s (gateway_dead_s)"
-        )
-        replies.orphan(request_id, error)
+        replies.orphan(request_id, orphaned_error(stream, watch.dead_s))
+    for gateway_id in dead:
+        stream = streams.gateway_outputs_stream(gateway_id)
+        for request_id in grammars.drop_for(stream):
+            end_orphan(replies, request_id, stream, watch.dead_s)
+            orphans.append((request_id, stream))
     watch.unswept -= dead
     log.warning(
         "orphans_aborted",
@@ -166,6 +186,14 @@ def sweep_orphans(watch: GatewayWatch, engine: Engine, replies: Replies) -> None
         request_ids=[request_id for request_id, _ in orphans],
         reason="their gateway was called dead (see gateway_dead)",
     )
+
+
+def end_orphan(replies: Replies, request_id: str, reply_stream: str, dead_s: float) -> None:
+    """End a request of a gateway called dead that the engine never owned (parked, or its
+    grammar compiling) with the orphaned error on its reply stream."""
+    error = orphaned_error(reply_stream, dead_s)
+    end = TokenOutput(request_id, 0, [], "error", error, error_kind="orphaned")
+    replies.reject(reply_stream, end)
 
 
 def abort_reply_stream(

@@ -63,6 +63,7 @@ class Replies:
         self._lifecycle.append((request_id, fields))
         if error is not None:
             stream, sent = entry
+            error = error[:MAX_ERROR_CHARS]
             end = TokenOutput(request_id, sent, [], "error", error, error_kind="orphaned")
             self.reject(stream, end)
 
@@ -180,8 +181,11 @@ def _queue_lifecycle(pipe: Any, lifecycle: list[tuple[str, dict[str, Any]]]) -> 
 
 def _refused_for_now(result: Any) -> bool:
     """A write Redis refused but may take later (out of memory, a read-only replica); not
-    one that can never succeed (the key holds another type)."""
-    return isinstance(result, Exception) and "WRONGTYPE" not in str(result)
+    one that can never succeed (the key holds another type: dropped, logged)."""
+    if isinstance(result, Exception) and "WRONGTYPE" in str(result):
+        log.error("lifecycle_fields_dropped", error=str(result))
+        return False
+    return isinstance(result, Exception)
 
 
 def _encoded(batches: dict[str, list[TokenOutput]]) -> dict[str, list[bytes]]:

@@ -27,7 +27,7 @@ from data_plane.engine.request import FinishReason, RequestError, RequestOutput
 from data_plane.grammar_intake import PendingGrammars
 from data_plane.intake import Entry, Intake
 from data_plane.knobs import WorkerKnobs
-from data_plane.orphans import GatewayWatch, abort_reply_stream, sweep_orphans
+from data_plane.orphans import GatewayWatch, abort_reply_stream, end_orphan, sweep_orphans
 from data_plane.planner import HybridPlanner
 from data_plane.replies import Replies
 from data_plane.reports import WorkerIdentity, state_snapshot, worker_status
@@ -193,9 +193,13 @@ class Worker:
             finally:  # a failed write again: what was read is still taken
                 await self._apply(*fetched)
         if self.gateways.unswept:
-            sweep_orphans(self.gateways, self.engine, self.replies)
-        for msg in self.gateways.unparked():  # their gateway restarted: it beats again
+            await self._flush_sends()  # the last step's outputs first: a finish is never lost
+            sweep_orphans(self.gateways, self.engine, self.replies, self.grammars)
+        revived, dropped = self.gateways.unparked()
+        for msg in revived:  # their gateway restarted: it beats again
             self._submit(msg)
+        for msg in dropped:  # still dead: told, should it be only frozen
+            end_orphan(self.replies, msg.request_id, msg.reply_stream, self.gateways.dead_s)
         for msg, error in self.grammars.ready():  # compiled off the loop: now they join
             if error is None:
                 self._submit(msg)
@@ -313,7 +317,8 @@ class Worker:
         if msg.request_id in self.replies:
             return  # a redelivered duplicate of a request the engine already owns
         if self.gateways.owns_dead(msg.reply_stream):  # unless it beats again (restarted)
-            self.gateways.park(msg)
+            if not self.gateways.park(msg):
+                end_orphan(self.replies, msg.request_id, msg.reply_stream, self.gateways.dead_s)
             return
         if self.grammars.hold(msg):  # its structured output compiles off the loop first
             return

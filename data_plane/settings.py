@@ -106,6 +106,16 @@ class WorkerSettings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _forget_after_dead(self) -> WorkerSettings:
+        """A gateway is forgotten (its output stream deleted) only after it could be dead."""
+        if self.gateway_forget_s < self.gateway_dead_s:
+            raise ValueError(
+                f"gateway_forget_s {self.gateway_forget_s:g} must be >= gateway_dead_s "
+                f"{self.gateway_dead_s:g}"
+            )
+        return self
+
     @field_validator("b_xfer", mode="before")
     @classmethod
     def _auto_b_xfer(cls, value: Any) -> Any:

@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.bus import DedicatedConnection
-from gateway.errors import APIError
+from gateway.errors import APIError, bus_error
 from gateway.inflight import InFlight, InFlightRequests, Route
 from shared import streams
 from shared.protocol import (
@@ -52,8 +52,10 @@ class Dispatcher:
         block_ms: int,
         live: InFlightRequests,
         bus_lost_after_s: float = BUS_LOST_AFTER_S,
+        retry_after_s: int = 1,
     ) -> None:
         self.redis = redis
+        self.retry_after_s = retry_after_s  # on the 503 bus of requests ended by a lost bus
         self.gateway_id = gateway_id
         self.reply_stream = streams.gateway_outputs_stream(gateway_id)
         self.block_ms = block_ms
@@ -94,7 +96,7 @@ class Dispatcher:
             return
         message = f"lost the request bus (Redis unreachable for {lost_for_s:.1f} s: {exc})"
         num_ended = sum(
-            record.outputs.end(APIError(503, message, code="bus")) for record in self.live
+            record.outputs.end(bus_error(message, self.retry_after_s)) for record in self.live
         )
         if num_ended:
             log.error("bus_lost", num_requests_ended=num_ended, seconds=round(lost_for_s, 1))

@@ -158,7 +158,8 @@ class Generation:
         if msg.error:  # a rejected request (400) or the worker's own failure (500)
             self.failed = True
             if msg.error_kind == "orphaned":  # this gateway was frozen past gateway_dead_s
-                raise APIError(503, msg.error, code="gateway_stalled")
+                retry = {"Retry-After": str(self.service.settings.retry_after_s)}
+                raise APIError(503, msg.error, code="gateway_stalled", headers=retry)
             failed = msg.index > 0 or msg.error_kind == "engine"
             param = msg.error_param
             if param == "prompt":
@@ -357,10 +358,11 @@ class GenerationService:
     async def check_workers(self) -> None:
         """Requests on a worker that stopped beating (or restarted) do not hang: those with no
         token yet go to another worker (a restarted one's new incarnation too), the others end
-        with a clear error. Those with no token on a draining worker, or on one that left
-        cleanly (drained: its status deleted), move at once when another worker takes
-        requests; else they wait (it serves what it admitted; its next incarnation reads the
-        rest, left pending in its stream), within their first-token deadline."""
+        with a clear error. Those with no token on a draining worker move at once when another
+        worker takes requests, and those on one that left cleanly (drained: its status
+        deleted) once it has been silent for ``worker_dead_s``; with none they wait (it serves
+        what it admitted; its next incarnation reads the rest, left pending in its stream),
+        within their first-token deadline."""
         now = time.monotonic()
         dead_s = self.settings.worker_dead_s
         for record in self.live:

@@ -213,8 +213,12 @@ def check_choices(body: SamplingFields) -> None:
     string stops nothing."""
     if body.stream and body.prompt_logprobs is not None:
         raise APIError(400, "prompt_logprobs is not served with stream: true", param="stream")
-    if body.stream_options is not None and body.stream_options.model_fields_set and not body.stream:
+    options = body.stream_options
+    if options is not None and options.model_fields_set and not body.stream:
         raise APIError(400, "stream_options can only be given with stream: true", "stream_options")
+    if options is not None and options.continuous_usage_stats and not options.include_usage:
+        param = "stream_options.continuous_usage_stats"
+        raise APIError(400, f"{param} needs stream_options.include_usage: true", param=param)
     if body.stop == "" or (isinstance(body.stop, list) and "" in body.stop):
         raise APIError(400, "stop cannot contain an empty string", param="stop")
 

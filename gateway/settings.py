@@ -116,7 +116,8 @@ class GatewaySettings(BaseSettings):
     # A stream that waits this long for its next output (queued for its first token, or a
     # gap) gets an SSE comment, so that proxies with idle timeouts keep it; 0: never.
     sse_keepalive_s: float = Field(default=10.0, ge=0.0)
-    # a worker is routable while its heartbeat is this fresh
+    # a worker counts as alive (readiness, metrics, max_model_len) while its heartbeat is this
+    # fresh; new requests go only to one heard from within worker_dead_s
     worker_alive_s: float = Field(default=5.0, gt=0.0)
     # a worker whose heartbeat stood still this long is deleted (its status and streams)
     worker_forget_s: float = Field(default=3600.0, gt=0.0)

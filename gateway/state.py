@@ -57,7 +57,11 @@ class GatewayState:
             max_misses=settings.max_cached_api_key_misses,
         )
         self.dispatcher = Dispatcher(
-            self.redis, self.gateway_id, settings.output_block_ms, InFlightRequests()
+            self.redis,
+            self.gateway_id,
+            settings.output_block_ms,
+            InFlightRequests(),
+            retry_after_s=settings.retry_after_s,
         )
         self.metrics = GatewayMetrics(
             self.directory, self.model_name, settings.vllm_metrics, settings.vllm_engine_metrics

@@ -16,9 +16,10 @@ MAXLEN_WORKERS_JOINED = 1_000
 # Hash worker id -> its last heartbeat, an encoded WorkerStatus (time, load, knobs version...),
 # for readiness and routing.
 WORKERS_KEY = f"{PREFIX}:workers"
-# Hash gateway id -> last heartbeat (unix seconds), written by each gateway's refresh loop. A
-# worker aborts the requests of a gateway whose heartbeat stopped changing and deletes its
-# output stream (data_plane/orphans.py); entries older than a worker's gateway_forget_s go.
+# Hash gateway id -> last heartbeat (unix seconds), written by each gateway's heartbeat thread.
+# A worker aborts the requests of a gateway whose heartbeat stopped changing, each ending with
+# an error on its output stream (data_plane/orphans.py); entries older than a worker's
+# gateway_forget_s go, with the output streams of those it called dead.
 GATEWAYS_KEY = f"{PREFIX}:gateways"
 # Key the control plane refreshes (with a TTL) while it runs.
 CONTROL_PLANE_HEARTBEAT_KEY = f"{PREFIX}:control-plane:alive"

@@ -71,6 +71,9 @@ class ByteTokenizer:
 _MAX_CACHED_PAIRS = 1 << 16  # (left, right) -> merged token, per tokenizer: a few MB at most
 
 
+MIN_LLAMA2C_VOCAB = 259  # <unk>, <s>, </s> and the 256 byte pieces
+
+
 class Llama2cTokenizer:
     """llama2.c's BPE (format in stories260K/README.md): score-ordered pair merges over the
     UTF-8 characters of the text with a dummy-prefix space, byte fallback at ids 3..258."""
@@ -80,16 +83,26 @@ class Llama2cTokenizer:
 
     def __init__(self, path: Path) -> None:
         data = path.read_bytes()
-        (self.max_token_length,) = struct.unpack_from("<i", data, 0)
-        offset = 4
         self.vocab: list[bytes] = []
         self.scores: list[float] = []
-        while offset < len(data):
-            score, length = struct.unpack_from("<fi", data, offset)
-            offset += 8
-            self.vocab.append(data[offset : offset + length])
-            self.scores.append(score)
-            offset += length
+        try:
+            (self.max_token_length,) = struct.unpack_from("<i", data, 0)
+            offset = 4
+            while offset < len(data):
+                score, length = struct.unpack_from("<fi", data, offset)
+                offset += 8
+                if length < 0 or offset + length > len(data):
+                    raise struct.error(f"a {length}-byte piece at byte {offset}")
+                self.vocab.append(data[offset : offset + length])
+                self.scores.append(score)
+                offset += length
+        except struct.error as exc:
+            message = f"{str(path)!r} is not a llama2.c tokenizer: {exc}"
+            raise TokenizerNotFoundError(message) from exc
+        if len(self.vocab) < MIN_LLAMA2C_VOCAB:  # 3 specials and 256 byte pieces
+            raise TokenizerNotFoundError(
+                f"{str(path)!r} is not a llama2.c tokenizer: {len(self.vocab)} pieces"
+            )
         self._ids = {piece: index for index, piece in enumerate(self.vocab)}
         # Merge order: rank 0 is the best score, equal scores share a rank; a token scored
         # NaN or -inf is never a merge's result (the reference's "score > best" never holds).

@@ -147,6 +147,9 @@ def run_serve(args: argparse.Namespace) -> int:
     args.model = args.model or os.environ.get("SUPERINFER_MODEL") or default_model()
     resolve_model(args.model, args.revision)  # a model that is not there: before any child
     _check_worker_settings(args)  # so are settings the worker would refuse after loading
+    if args.port == 0:
+        print("error: --port 0: serve announces its port; give one", file=sys.stderr)
+        return 2
     redis_url = args.redis_url or os.environ.get("SUPERINFER_REDIS_URL")
     with contextlib.ExitStack() as stack:
         children: dict[str, subprocess.Popen[bytes]] = {}
@@ -183,7 +186,8 @@ def run_serve(args: argparse.Namespace) -> int:
             finally:
                 watcher.cancel()
                 announcer.cancel()
-                if announcer.done() and not announcer.cancelled() and not announcer.result():
+                finished = announcer.done() and not announcer.cancelled()
+                if finished and announcer.exception() is None and not announcer.result():
                     never_ready.append(True)
 
         run_service(main)
@@ -233,6 +237,8 @@ async def _announce_when_ready(
     import httpx
 
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
     url = f"http://{host}:{settings.port}/ready"
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s

@@ -125,7 +125,7 @@ def _require_int(raw: dict[str, Any], key: str) -> int:
     return value
 
 
-MISTRAL_DEFAULT_WINDOW = 4096  # transformers' MistralConfig default when the key is absent
+DEFAULT_WINDOW = 4096  # transformers' Mistral/Qwen2 configs' default when the key is absent
 QWEN2_DEFAULT_MAX_WINDOW_LAYERS = 28  # transformers' Qwen2Config default
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -141,12 +141,13 @@ def _sliding_window(
     raw: dict[str, Any], family: str, num_layers: int
 ) -> tuple[int | None, frozenset[int]]:
     """The window and the layers it skips, as transformers reads them: Llama has none (a
-    stray ``sliding_window`` is ignored); Mistral's defaults to 4096 when the key is absent;
-    Qwen2's needs ``use_sliding_window`` and applies from ``max_window_layers`` on; an explicit
-    ``layer_types`` (transformers 5) names each layer's kind."""
+    stray ``sliding_window`` is ignored); Mistral's and Qwen2's default to 4096 when the key
+    is absent; Qwen2's needs ``use_sliding_window`` and applies from ``max_window_layers`` on;
+    an explicit ``layer_types`` (transformers 5) names each layer's kind."""
     if family == "llama":
         return None, frozenset()
-    window = raw.get("sliding_window", MISTRAL_DEFAULT_WINDOW if family == "mistral" else None)
+    # transformers' default when the key is absent: 4096 for both (Qwen2's with its flag set)
+    window = raw.get("sliding_window", DEFAULT_WINDOW)
     if family == "qwen2" and not raw.get("use_sliding_window", False):
         window = None
     if window is None:

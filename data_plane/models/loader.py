@@ -50,6 +50,8 @@ def load_model(
     torch_dtype = _parse_dtype(dtype)
     keep_quantized = _keep_quantized(quantization, path, device)
     if path == TINY_RANDOM:
+        if tokenizer_path is not None:  # as the gateway refuses it
+            raise ModelConfigError("tiny-random has its own byte tokenizer: no --tokenizer")
         loaded = _tiny_random(seed, torch_dtype)
     else:
         location = Path(path)

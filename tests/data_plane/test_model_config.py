@@ -65,6 +65,14 @@ def test_qwen2_windows_are_transformers(use: bool, max_window_layers: int, num_l
         assert [ours.window_of(i) for i in range(num_layers)] == expected, drop
 
 
+def test_qwen2_without_a_window_key_takes_transformers_default() -> None:
+    theirs = transformers.Qwen2Config(
+        **COMMON, num_hidden_layers=4, use_sliding_window=True, max_window_layers=1
+    )
+    ours = _ours(theirs, drop=("sliding_window", "layer_types"))
+    assert [ours.window_of(i) for i in range(4)] == _their_windows(theirs) == [None] + [4096] * 3
+
+
 def test_mistral_layer_types_and_default_window() -> None:
     kinds = ["full_attention", "sliding_attention", "full_attention"]
     mixed = transformers.MistralConfig(

@@ -68,24 +68,37 @@ def test_a_request_of_a_dead_gateway_waits_one_poll_for_it_to_beat_again() -> No
     assert watch.dead == {"a", "b"}
     for gateway in ("a", "b"):
         watch.park(submit(f"{gateway}-1", reply=streams.gateway_outputs_stream(gateway)))
-    assert watch.unparked() == []  # no poll since: neither is known to be back
+    assert watch.unparked() == ([], [])  # no poll since: neither is known to be back
     watch.observe({"a": b"2", "b": b"1"}, 1.3)  # a restarted and beats; b is still dead
-    assert [r.request_id for r in watch.unparked()] == ["a-1"]
-    assert watch.unparked() == []  # b's was dropped
+    revived, dropped = watch.unparked()
+    assert [r.request_id for r in revived] == ["a-1"]
+    assert [r.request_id for r in dropped] == ["b-1"]  # the worker ends it with an error
+    assert watch.unparked() == ([], [])
 
 
-async def test_stale_heartbeats_leave_the_hash_with_their_output_streams(
+async def test_stale_heartbeats_leave_the_hash_with_their_dead_gateways_streams(
     redis_client: Redis,
 ) -> None:
-    now = time.time()
-    await redis_client.hset(streams.GATEWAYS_KEY, mapping={"old": now - 7200, "new": now})
-    for gateway in ("old", "new"):
+    """A stale entry leaves the hash; its output stream goes only when this worker called
+    that gateway dead by its own watching (an old-looking beat that keeps changing is a
+    skewed clock's: its gateway lives, its stream stays)."""
+    watch = GatewayWatch(dead_s=0.3, forget_s=0.5)
+    gateways = ("stopped", "skewed", "live")
+    for gateway in gateways:
         await redis_client.xadd(streams.gateway_outputs_stream(gateway), {"m": b"x"})
-    await GatewayWatch(dead_s=1.0, forget_s=3600.0).poll(redis_client)
-    assert await redis_client.hkeys(streams.GATEWAYS_KEY) == [b"new"]
-    assert not await redis_client.exists(streams.gateway_outputs_stream("old"))
-    assert await redis_client.exists(streams.gateway_outputs_stream("new"))
-    await redis_client.delete(streams.gateway_outputs_stream("new"))
+    await redis_client.hset(streams.GATEWAYS_KEY, "stopped", time.time())
+    for i in range(12):  # 1.2 s of polls: "stopped" is called dead, then forgotten
+        now = time.time()
+        beats = {"skewed": now - 7200 + i, "live": now}
+        await redis_client.hset(streams.GATEWAYS_KEY, mapping=beats)
+        await watch.poll(redis_client)
+        await asyncio.sleep(0.1)
+    assert not await redis_client.exists(streams.gateway_outputs_stream("stopped"))
+    assert await redis_client.hkeys(streams.GATEWAYS_KEY) == [b"live"]
+    for kept in ("skewed", "live"):
+        assert await redis_client.exists(streams.gateway_outputs_stream(kept))
+    await redis_client.delete(*(streams.gateway_outputs_stream(g) for g in gateways))
+    await redis_client.delete(streams.GATEWAYS_KEY)
 
 
 async def _beat(redis: Redis, gateway_id: str) -> None:

@@ -79,6 +79,10 @@ def test_stream_options_defaults_are_vllms(served: Served, path: str) -> None:
             assert all(c["choices"] for c in chunks)
         plain = _post(served, path, {**BASE[path], "stream_options": {}}, fast)
         assert plain.status_code == 200, plain.text
+        options = {"include_usage": False, "continuous_usage_stats": True}  # not applied: refused
+        refused = _post(served, path, {**body, "stream_options": options}, fast)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "stream_options.continuous_usage_stats"
 
 
 def test_vllm_value_ranges(served: Served) -> None:

@@ -51,6 +51,7 @@ def test_bundle_reads_template_and_eos(tmp_path: Path) -> None:
 def test_a_tokenizer_for_a_gguf_model_is_read_alike_by_gateway_and_worker(tmp_path: Path) -> None:
     """vLLM's --tokenizer beside a GGUF file: an HF tokenizer directory. The gateway read it as
     another GGUF file (a traceback at start) while the worker took it."""
+    from data_plane.models import ModelConfigError, load_model
     from data_plane.models.config import ModelConfig
     from data_plane.models.loader import load_tokenizer
 
@@ -64,4 +65,6 @@ def test_a_tokenizer_for_a_gguf_model_is_read_alike_by_gateway_and_worker(tmp_pa
         worker = load_tokenizer(given, config)
         assert gateway.encode("hello world") == worker.encode("hello world") == [0, 2, 3]
     with pytest.raises(TokenizerNotFoundError, match="no --tokenizer"):
-        load_tokenizer_bundle("tiny-random", str(directory))  # the worker refuses it too
+        load_tokenizer_bundle("tiny-random", str(directory))
+    with pytest.raises(ModelConfigError, match="no --tokenizer"):  # the worker too
+        load_model("tiny-random", tokenizer_path=str(directory))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.tokenizer import Llama2cTokenizer
+from shared.tokenizer import Llama2cTokenizer, TokenizerNotFoundError
 from tests.conftest import STORIES_DIR, STORIES_REFERENCE_TEXT, STORIES_REFERENCE_TOKENS
 
 STORY = (
@@ -120,3 +120,19 @@ def test_a_long_prompt_is_not_quadratic(stories_tok: Llama2cTokenizer) -> None:
 def test_a_lone_surrogate_is_a_value_error(stories_tok: Llama2cTokenizer) -> None:
     with pytest.raises(ValueError):
         stories_tok.encode("a\ud800b")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"not a tokenizer at all, just text bytes\n",  # a stray file given as --tokenizer
+        struct.pack("<i", 8),  # a header and no piece
+        struct.pack("<ifi", 8, 0.0, 3) + b"ab",  # a piece cut short
+    ],
+)
+def test_a_file_that_is_no_llama2c_tokenizer_is_refused(content: bytes, tmp_path: Path) -> None:
+    """It loaded, and every request then failed with an IndexError in encode."""
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(content)
+    with pytest.raises(TokenizerNotFoundError, match=r"not a llama2\.c tokenizer"):
+        Llama2cTokenizer(path)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import STORIES_DIR
+from tests.served import free_port
 
 
 def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -42,6 +43,7 @@ def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
         # ... and by serve before any child (the embedded Redis included)
         (["serve", "--model", "tiny-random", "--block-size", "0"], {}, "block_size"),
         (["serve", "--model", "tiny-random", "--policy", "foo"], {}, "'foo' is not one of"),
+        (["serve", "--model", "tiny-random", "--port", "0"], {}, "--port 0"),
         (["serve", "--model", "tiny-random", "--chat-template", "/no/such.jinja"], {},
          "neither an existing file nor a jinja2 template"),
         (["serve", "--model", "tiny-random"], {"SUPERINFER_MAX_NUM_SEQS": "0"}, "max_num_seqs"),
@@ -62,6 +64,7 @@ def test_a_service_that_cannot_start_says_why_in_one_line(
 
 def test_serve_not_ready_in_time_exits_1() -> None:
     """It printed its error and exited 0: a supervisor took the failed start for a clean stop."""
-    done = _run(["serve", "--model", "tiny-random", "--port", "0", "--ready-timeout-s", "0.2"], {})
+    port = str(free_port())  # a worker cannot load and warm up in 0.2 s
+    done = _run(["serve", "--model", "tiny-random", "--port", port, "--ready-timeout-s", "0.2"], {})
     assert done.returncode == 1, done.stderr[-2000:]
     assert "error: not ready after 0.2 s" in done.stderr
