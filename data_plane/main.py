@@ -41,11 +41,6 @@ def build_worker(settings: WorkerSettings, redis: Redis) -> Worker:
 
 def build_worker_engine(settings: WorkerSettings, planner: Planner) -> tuple[Engine, int]:
     """The serving engine for ``settings`` around ``planner``, and its KV block in bytes."""
-    if settings.tensor_parallel_size != 1:
-        raise ValueError(
-            f"--tensor-parallel-size {settings.tensor_parallel_size}: a worker serves one "
-            "device; run one worker per GPU instead (docs/deployment.md)"
-        )
     model_path = resolve_model(settings.model, settings.revision)
     num_threads = apply_thread_policy(settings.threads)
     log.info(

@@ -39,8 +39,7 @@ class WorkerSettings(BaseSettings):
     dram_kv_gib: float = Field(default=0.0, ge=0.0)
     # vLLM's name for the host tier in GiB (= dram_kv_gib)
     swap_space: float | None = Field(default=None, ge=0.0)
-    # only 1 is served (one worker per GPU)
-    tensor_parallel_size: int = Field(default=1, ge=1, le=1)
+    tensor_parallel_size: int = 1  # only 1 is served (one worker per GPU)
     num_hbm_blocks: int | None = Field(default=None, ge=1)
     num_dram_blocks: int | None = Field(default=None, ge=0)
     max_num_batched_tokens: int = Field(default=2048, ge=1)
@@ -86,6 +85,16 @@ class WorkerSettings(BaseSettings):
     stopped_streams_ttl_s: float = Field(default=3600.0, gt=0.0)
     # every Redis call (longer than any blocking read's block time)
     redis_timeout_s: float = Field(default=5.0, gt=0.0)
+
+    @field_validator("tensor_parallel_size")
+    @classmethod
+    def _one_device(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(
+                f"--tensor-parallel-size {value}: a worker serves one device; run one worker "
+                "per GPU instead (docs/deployment.md)"
+            )
+        return value
 
     @field_validator("policy")
     @classmethod

@@ -149,6 +149,7 @@ class FakeWorker:
     def __init__(self, busy_for: int) -> None:
         self.engine = FakeEngine(busy_for)
         self.stopped_with_work = False
+        self.draining = False  # the Worker's flag, which the health state reads
 
     def has_unfinished(self) -> bool:  # the Worker's: the engine's, and compiling grammars
         return self.engine.has_unfinished()
@@ -166,6 +167,7 @@ async def test_drain_waits_for_the_engine_or_the_timeout(
 ) -> None:
     worker: Any = FakeWorker(busy_for)
     state = WorkerState("w")
+    state.worker = worker  # as main() does once the model is loaded
     stop = asyncio.Event()
     task = asyncio.create_task(_run_and_drain(worker, state, stop, timeout_s))
     await asyncio.sleep(0.05)
