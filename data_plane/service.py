@@ -22,21 +22,22 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from data_plane.engine.engine import Engine, StepResult
-from data_plane.engine.request import FinishReason, RequestError, RequestOutput
+from data_plane.admission import Admission
+from data_plane.engine.engine import Engine
+from data_plane.engine.request import FinishReason, RequestOutput
 from data_plane.grammar_intake import PendingGrammars
 from data_plane.intake import Entry, Intake
 from data_plane.knobs import WorkerKnobs
-from data_plane.orphans import GatewayWatch, abort_reply_stream, end_orphan, sweep_orphans
+from data_plane.orphans import GatewayWatch, abort_reply_stream, sweep_orphans
+from data_plane.outbox import Outbox
 from data_plane.planner import HybridPlanner
 from data_plane.replies import Replies
-from data_plane.reports import WorkerIdentity, state_snapshot, worker_status
+from data_plane.reports import WorkerIdentity, worker_status
 from data_plane.settings import WorkerSettings
 from data_plane.speed import SpeedMeter
 from data_plane.stall import StepWatch
 from shared import streams
 from shared.b_xfer import resolve_b_xfer_blocks
-from shared.bus import queue_snapshot, should_announce
 from shared.model_source import model_display_name
 from shared.protocol import (
     AbortReplyStream,
@@ -45,14 +46,11 @@ from shared.protocol import (
     ProtocolError,
     RotationPlan,
     SubmitRequest,
-    TokenOutput,
     WorkerStatus,
     decode,
     encode,
 )
 from shared.protocol.convert import stream_messages
-from shared.protocol.delta import DeltaEncoder
-from shared.protocol.limits import MAX_ERROR_CHARS
 from shared.runtime import (
     collect_due_garbage,
     garbage_collected_between_iterations,
@@ -64,9 +62,6 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 Fetched = list[T] | Exception  # a read's result, or the error it raised
 MAX_FAILED_STEPS = 3  # consecutive engine steps that raised before every request is failed
-# A step with nothing to decide (HybridPlanner.quiet) sends its snapshot at most this often
-# (the control plane's view of it stays that fresh; the heartbeat keeps its lease).
-QUIET_SNAPSHOT_S = 1.0
 
 
 class Worker:
@@ -94,6 +89,9 @@ class Worker:
         self.grammars = PendingGrammars(engine.compile_grammar, engine.grammar_ready)
         self.plans_stream = streams.worker_plans_stream(settings.worker_id)
         self.replies = Replies()  # where each owned request's outputs go
+        self.admission = Admission(
+            engine, self.replies, self.gateways, self.grammars, settings.worker_id
+        )
         self._last_plan_id = "0-0"
         self.knobs = WorkerKnobs(redis, planner)  # read by the heartbeat, applied between steps
         self._iteration_time_s = 0.0  # the last step's, for a local B_xfer of "auto"
@@ -108,12 +106,16 @@ class Worker:
         self.num_iterations = 0
         self.num_malformed = 0
         self._num_failed_steps = 0
-        self.deltas = DeltaEncoder() if settings.snapshot_deltas else None
-        self._announced_s: float | None = None  # when a snapshot last announced this worker
-        self._snapshot_sent_s = -QUIET_SNAPSHOT_S  # monotonic time a snapshot was last encoded
-        # The last step's snapshot and outputs on their way to Redis while the next step runs
-        # (at most one send in flight: they leave in step order).
-        self._send_task: asyncio.Task[None] | None = None
+        self.identity = WorkerIdentity(settings.worker_id, self.epoch, block_bytes)
+        # The last step's snapshot and outputs on their way to Redis while the next step runs.
+        self.outbox = Outbox(
+            redis,
+            self.replies,
+            planner,
+            engine.kv,
+            self.identity,
+            snapshot_deltas=settings.snapshot_deltas,
+        )
         self._status_cache = self._status(time.time())  # rebuilt between steps
 
     @property
@@ -139,7 +141,7 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
         with contextlib.suppress(RedisError):
-            await self._flush_sends()  # the last step's outputs
+            await self.outbox.flush()  # the last step's outputs
             await self.intake.ack()  # what a failed acknowledgement left
             if self.replies.has_pending:  # a last try for what a failed write left
                 await self.replies.send(self.redis, [])
@@ -188,26 +190,14 @@ class Worker:
             fetched = await self._fetch(block_ms=idle_ms)
             try:
                 if self.replies.has_pending:  # lifecycle fields, or what a failed write left
-                    await self._flush_sends()
+                    await self.outbox.flush()
                     await self.replies.send(self.redis, [])
             finally:  # a failed write again: what was read is still taken
                 await self._apply(*fetched)
         if self.gateways.unswept:
-            await self._flush_sends()  # the last step's outputs first: a finish is never lost
+            await self.outbox.flush()  # the last step's outputs first: a finish is never lost
             sweep_orphans(self.gateways, self.engine, self.replies, self.grammars)
-        revived, dropped = self.gateways.unparked()
-        for msg in revived:  # their gateway restarted: it beats again
-            self._submit(msg)
-        for msg in dropped:  # still dead: told, should it be only frozen
-            end_orphan(self.replies, msg.request_id, msg.reply_stream, self.gateways.dead_s)
-        for msg, error in self.grammars.ready():  # compiled off the loop: now they join
-            if error is None:
-                self._submit(msg)
-            elif isinstance(error, RequestError):
-                self._refuse(msg, str(error), "rejected", error.param)
-            else:  # a bug: the client gets an error now, not a timeout
-                log.error("grammar_compile_failed", request_id=msg.request_id, error=repr(error))
-                self._refuse(msg, f"engine error: {error!r}", "engine")
+        self.admission.take_waiting()
         self.knobs.apply()  # the planner changes between steps only
         self._refresh_status()
         collect_due_garbage()  # between iterations, not inside a step or the plan round trip
@@ -253,7 +243,7 @@ class Worker:
         self._busy_time_s += iteration_time_s
         self._busy_iterations += 1
         self.speed.observe(self.engine.stats.last_plan, iteration_time_s)
-        await self._publish(result, iteration_time_s)
+        await self.outbox.publish(result, iteration_time_s)
 
     def _set_b_xfer(self) -> None:
         """The step's budget, set once from the plan it will run: a fresh remote plan's, else
@@ -303,7 +293,7 @@ class Worker:
             if self.draining:
                 log.info("request_left_pending_while_draining", request_id=msg.request_id)
                 return False
-            self._submit(msg)
+            self.admission.submit(msg)
         elif isinstance(msg, AbortRequest):
             if self.grammars.drop(msg.request_id) or self.engine.abort(msg.request_id):
                 log.info("request_aborted", request_id=msg.request_id)
@@ -312,58 +302,6 @@ class Worker:
         else:
             log.error("unexpected_message", entry_id=entry_id, type=type(msg).__name__)
         return True
-
-    def _submit(self, msg: SubmitRequest) -> None:
-        if msg.request_id in self.replies:
-            return  # a redelivered duplicate of a request the engine already owns
-        if self.gateways.owns_dead(msg.reply_stream):  # unless it beats again (restarted)
-            if not self.gateways.park(msg):
-                end_orphan(self.replies, msg.request_id, msg.reply_stream, self.gateways.dead_s)
-            return
-        if self.grammars.hold(msg):  # its structured output compiles off the loop first
-            return
-        try:
-            self.engine.add_request(
-                msg.request_id,
-                msg.prompt_token_ids,
-                msg.sampling,
-                priority=msg.priority,
-                slo_ttft_s=msg.slo_ttft_s,
-                slo_tbt_s=msg.slo_tbt_s,
-                t_arr_s=msg.t_arr_s,
-                tenant=msg.tenant,
-            )
-        except (RequestError, ValueError) as exc:
-            log.warning("request_rejected", request_id=msg.request_id, error=str(exc))
-            param = exc.param if isinstance(exc, RequestError) else None
-            self._refuse(msg, str(exc), "rejected", param)
-            return
-        except Exception as exc:  # a bug: the client gets an error now, not a timeout
-            log.exception("request_admission_failed", request_id=msg.request_id)
-            self._refuse(msg, f"engine error: {exc!r}", "engine")
-            return
-        fields = {"worker_id": self.settings.worker_id, "admitted_s": time.time()}
-        fields |= {"arrival_s": msg.t_arr_s, "slo_class": msg.slo_class or ""}
-        self.replies.admit(msg.request_id, msg.reply_stream, fields)
-        log.info(
-            "request_admitted",
-            request_id=msg.request_id,
-            num_prompt_tokens=len(msg.prompt_token_ids),
-        )
-
-    def _refuse(self, msg: SubmitRequest, reason: str, kind: str, param: str | None = None) -> None:
-        """An error output for ``msg`` (``param``: the field at fault), sent with this
-        iteration's outputs (and kept while Redis refuses it, like any output)."""
-        error = TokenOutput(
-            msg.request_id,
-            0,
-            [],
-            "error",
-            reason[:MAX_ERROR_CHARS],
-            error_kind=kind,
-            error_param=param,
-        )
-        self.replies.reject(msg.reply_stream, error)
 
     async def _read_plans(self) -> list[RotationPlan]:
         """The new plans; when one was made with newer knobs than held, those are read too
@@ -395,7 +333,7 @@ class Worker:
         if self._num_failed_steps < MAX_FAILED_STEPS:
             return
         log.error("engine_failing_all_requests", error=repr(exc), num_requests=len(self.replies))
-        await self._flush_sends()
+        await self.outbox.flush()
         reason = f"engine error: {exc!r}"
         outputs = []
         for request_id in self.replies.request_ids():
@@ -435,7 +373,7 @@ class Worker:
         self._busy_time_s, self._busy_iterations = 0.0, 0
         return worker_status(
             self.engine,
-            WorkerIdentity(self.settings.worker_id, self.epoch, self.block_bytes),
+            self.identity,
             now,
             model_name=self.model_name,
             mean_iteration_s=mean_iteration_s,
@@ -445,64 +383,3 @@ class Worker:
             speed=self.speed,
             lvf_min_residency_s=self.planner.min_residency_s,
         )
-
-    async def _publish(self, result: StepResult, iteration_time_s: float) -> None:
-        """Encode the step's snapshot now (it reads the engine, which the next step changes)
-        and send it and the step's outputs while the next step runs: the previous send is
-        awaited first, so a Redis error surfaces here, one step later. A quiet step's snapshot
-        goes only every QUIET_SNAPSHOT_S (at one stream planning each one cost the control
-        plane ~1 ms of CPU per token, taken from the step on a two-core host)."""
-        msg_bytes = None
-        now_s = time.monotonic()
-        iteration = result.snapshot.iteration
-        if not self.planner.quiet(iteration) or now_s - self._snapshot_sent_s >= QUIET_SNAPSHOT_S:
-            msg_bytes = self._snapshot_bytes(result, iteration_time_s)
-            self._snapshot_sent_s = now_s
-        try:  # the previous send's error is raised here, after this step's send is started:
-            await self._flush_sends()  # never before it (the step's tokens were lost)
-        finally:
-            self._send_task = asyncio.create_task(self._send(result.outputs, msg_bytes))
-
-    async def _flush_sends(self) -> None:
-        """Wait for the send in flight, if any (its Redis error is raised here)."""
-        task, self._send_task = self._send_task, None
-        if task is not None:
-            await task
-
-    async def _send(self, outputs: list[RequestOutput], msg_bytes: bytes | None) -> None:
-        """The snapshot first, so the control plane plans while the tokens go out; then the
-        token outputs and lifecycle updates (:meth:`Replies.send`), whatever happened to the
-        snapshot: outputs whose write fails are kept and sent again with the next write."""
-        try:
-            if msg_bytes is not None:
-                now = time.time()
-                local = self.planner.source == "local"
-                announce = should_announce(self._announced_s, local, now)
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    queue_snapshot(pipe, self.settings.worker_id, msg_bytes, now, announce)
-                    await pipe.execute()
-                self._announced_s = now if announce else self._announced_s
-        finally:
-            await self.replies.send(self.redis, outputs)
-
-    def _snapshot_bytes(self, result: StepResult, iteration_time_s: float) -> bytes | None:
-        """The step's encoded snapshot (a delta against the newest fresh plan's table when
-        that pays), or None (logged) when a value cannot travel: the worker then plans locally,
-        it does not stop."""
-        identity = WorkerIdentity(self.settings.worker_id, self.epoch, self.block_bytes)
-        iteration = result.snapshot.iteration
-        try:
-            message = state_snapshot(
-                self.engine.kv,
-                identity,
-                result,
-                iteration_time_s,
-                self.planner.source,
-                self.deltas,
-                self.planner.delta_base(iteration),
-                lvf_min_residency_s=self.planner.min_residency_s,
-            )
-            return encode(message)
-        except ValueError as exc:
-            log.error("snapshot_not_published", iteration=iteration, error=str(exc))
-            return None

@@ -402,7 +402,7 @@ class GenerationService:
         ]
         if not candidates:
             return False
-        status = min(candidates, key=self.directory.predicted_lag_s)
+        status = self.directory.least_loaded(candidates)
         route = old.next(status.worker_id, status.epoch, record.request_id)
         record.t_route_seen_s = time.monotonic() - self.directory.beat_age_s(status)
         await self.dispatcher.move(record, submit, route)

@@ -24,7 +24,7 @@ from gateway.errors import APIError
 from gateway.settings import GatewaySettings
 from shared import streams
 from shared.knobs import read_knobs
-from shared.policy import Knobs, kv_usage, predicted_lag_s, worker_for_key
+from shared.policy import Knobs, kv_usage, least_loaded, predicted_lag_s, worker_for_key
 from shared.protocol import ProtocolError, WorkerStatus, decode
 from shared.slo import DEFAULT_SLO_CLASSES, SloClass, read_slo_classes
 
@@ -73,6 +73,8 @@ class WorkerDirectory:
         self.redis_ok = False
         self.num_malformed = 0
         self._beats: dict[str, _Beat] = {}  # per worker id in ``statuses`` (bounded by it)
+        # requests routed to each worker since its status last changed (routing's fresh part)
+        self._sent_since_status: dict[str, int] = {}
         self._invalid: dict[str, str] = {}  # what, of knobs and classes, does not validate
         self._malformed: dict[Any, Any] = {}  # worker id -> its status that did not decode
 
@@ -114,7 +116,8 @@ class WorkerDirectory:
 
     def _observe_beats(self) -> None:
         """Note, on this gateway's clock, each worker heartbeat that changed since the last
-        refresh; a status seen for the first time is as old as the wall clocks say."""
+        refresh; a status seen for the first time is as old as the wall clocks say. A changed
+        status resets the worker's count of requests sent since its status."""
         now_mono, now_wall = time.monotonic(), time.time()
         beats: dict[str, _Beat] = {}
         for worker_id, status in self.statuses.items():
@@ -131,6 +134,10 @@ class WorkerDirectory:
                 beat = _Beat(status.epoch, status.t_heartbeat_s, now_mono - age_s, now_mono)
                 beats[worker_id] = beat
         self._beats = beats
+        sent = self._sent_since_status  # a changed status counts what was sent before it
+        self._sent_since_status = {
+            w: n for w, n in sent.items() if w in beats and beats[w].t_still_mono_s != now_mono
+        }
 
     async def _forget_dead(self, raw_workers: dict[Any, Any]) -> None:
         """Delete the status and streams of each worker whose heartbeat stood still for
@@ -233,7 +240,19 @@ class WorkerDirectory:
                 headers={"Retry-After": str(retry_after_s)},
             )
         preferred = [s for s in open_workers if s.worker_id == prefer]
-        return preferred[0] if preferred else min(open_workers, key=self.predicted_lag_s)
+        return preferred[0] if preferred else self.least_loaded(open_workers)
+
+    def least_loaded(self, candidates: list[WorkerStatus]) -> WorkerStatus:
+        """The candidate a new request goes to (:func:`shared.policy.least_loaded`): each one's
+        requests are what it last reported plus what this gateway sent it since."""
+        lags_s = [self.predicted_lag_s(status) for status in candidates]
+        return candidates[least_loaded(lags_s, [self.num_requests(s) for s in candidates])]
+
+    def num_requests(self, status: WorkerStatus) -> int:
+        """Requests on the worker: those of its status and those this gateway sent it since
+        (a status with a new heartbeat starts that count again)."""
+        reported = status.num_running + status.num_waiting + status.num_rotary
+        return reported + self._sent_since_status.get(status.worker_id, 0)
 
     def _wait_for_room_s(self, status: WorkerStatus, num_prompt_tokens: int) -> float | None:
         """None when ``status``'s worker has room for the request; else about how long until
@@ -268,9 +287,13 @@ class WorkerDirectory:
         return num_tokens / rate
 
     def enqueue(self, worker_id: str, num_prompt_tokens: int) -> None:
+        """A request routed (or moved) to ``worker_id``: queued there until :meth:`dequeue`,
+        and counted as sent since its status."""
         share = self.queued.setdefault(worker_id, QueueShare())
         share.num_requests += 1
         share.num_prompt_tokens += num_prompt_tokens
+        sent = self._sent_since_status
+        sent[worker_id] = sent.get(worker_id, 0) + 1
 
     def dequeue(self, worker_id: str, num_prompt_tokens: int) -> None:
         share = self.queued.get(worker_id)

@@ -29,7 +29,7 @@ from shared.policy.registry import (
     plan_handles,
     planned_remotely,
 )
-from shared.policy.routing import kv_usage, predicted_lag_s, worker_for_key
+from shared.policy.routing import kv_usage, least_loaded, predicted_lag_s, worker_for_key
 from shared.policy.types import (
     PAPER_LVF,
     Knobs,
@@ -56,6 +56,7 @@ __all__ = [
     "columnar_from_snapshot",
     "columns_from_views",
     "kv_usage",
+    "least_loaded",
     "make_plan",
     "nothing_to_decide",
     "plan_handles",

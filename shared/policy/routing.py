@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
+
+# Workers whose predicted lag is within this fraction of the least are equally good for a new
+# request: the lag comes from measured step times (noisy, up to a heartbeat old), while the
+# request counts include the router's own sends at once; among them the fewest requests wins.
+LAG_TOLERANCE = 0.25
 
 
 def kv_usage(num_blocks: int, num_free: int) -> float:
@@ -19,6 +25,18 @@ def predicted_lag_s(
     pressure (a full HBM pool admits by rotation, which is slower than into free blocks)."""
     iterations = 1.0 + num_queued_tokens / max(1, max_num_batched_tokens)
     return max(iteration_time_s, 1e-3) * iterations * (1.0 + hbm_usage)
+
+
+def least_loaded(lags_s: Sequence[float], num_requests: Sequence[int]) -> int:
+    """Index of the worker a new request goes to: among those whose predicted lag is within
+    LAG_TOLERANCE of the least, the one holding the fewest requests (join-shortest-queue), then
+    the least lag. By lag alone, two like workers differing by noise in their step times split
+    a burst 24/0 until their statuses caught up (statuses come every heartbeat)."""
+    if not lags_s or len(lags_s) != len(num_requests):
+        raise ValueError("one lag and one request count per worker, at least one worker")
+    bound_s = min(lags_s) * (1.0 + LAG_TOLERANCE)
+    near = [i for i, lag_s in enumerate(lags_s) if lag_s <= bound_s]
+    return min(near, key=lambda i: (num_requests[i], lags_s[i]))
 
 
 def worker_for_key(key: str, worker_ids: list[str]) -> str | None:

@@ -9,16 +9,14 @@ from shared.protocol.limits import DEFAULT_LIMITS, Limits
 from shared.protocol.messages import (
     AbortReplyStream,
     AbortRequest,
-    RequestRow,
-    RequestTable,
     RotationPlan,
     StateSnapshot,
     SubmitRequest,
-    TableDelta,
     TokenOutput,
     TokenOutputs,
     WorkerStatus,
 )
+from shared.protocol.table import RequestRow, RequestTable, TableDelta
 
 __all__ = [
     "DEFAULT_LIMITS",

@@ -20,7 +20,7 @@ from shared.policy.columns import (
 )
 from shared.policy.types import RequestState
 from shared.protocol.codec import ProtocolError, decode
-from shared.protocol.messages import TABLE_COLUMNS, RequestRow, RequestTable
+from shared.protocol.table import TABLE_COLUMNS, RequestRow, RequestTable
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")

@@ -23,7 +23,8 @@ import numpy as np
 from shared.policy.columns import RequestColumns
 from shared.protocol.codec import ProtocolError
 from shared.protocol.convert import columns_from_arrays, columns_from_table, table_from_arrays
-from shared.protocol.messages import TABLE_COLUMNS, RequestTable, StateSnapshot, TableDelta
+from shared.protocol.messages import StateSnapshot
+from shared.protocol.table import TABLE_COLUMNS, RequestTable, TableDelta
 
 # A table row as one fixed-width record of 13 little-endian words (two code bytes, then the
 # floats, then the integers; padding zeroed): rows are compared and gathered as uint64 rows.

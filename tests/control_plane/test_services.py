@@ -192,12 +192,12 @@ async def test_deltas_from_a_worker_with_a_queue_are_planned_and_streams_equal_o
     tokens = await _collect(redis_client, {f"req-{i}" for i in range(len(prompts))})
     await services.stop()
     assert [tokens[f"req-{i}"] for i in range(len(prompts))] == offline
-    assert services.cp is not None and services.worker.deltas is not None
-    assert services.worker.deltas.num_deltas > 0 and services.cp.reader.num_deltas > 0
+    assert services.cp is not None and services.worker.outbox.deltas is not None
+    assert services.worker.outbox.deltas.num_deltas > 0 and services.cp.reader.num_deltas > 0
     assert services.worker.planner.num_remote > 0 and services.cp.num_malformed == 0
     print(
-        f"deltas sent {services.worker.deltas.num_deltas} (whole "
-        f"{services.worker.deltas.num_full}), rebuilt {services.cp.reader.num_deltas}, "
+        f"deltas sent {services.worker.outbox.deltas.num_deltas} (whole "
+        f"{services.worker.outbox.deltas.num_full}), rebuilt {services.cp.reader.num_deltas}, "
         f"base missing {services.cp.reader.num_missing_base}"
     )
 

@@ -12,11 +12,14 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError, OutOfMemoryError, ReadOnlyError, ResponseError
 
+from data_plane.admission import Admission
 from data_plane.engine.engine import StepResult
 from data_plane.engine.request import FinishReason, RequestOutput
 from data_plane.grammar_intake import PendingGrammars
 from data_plane.orphans import GatewayWatch
+from data_plane.outbox import Outbox
 from data_plane.replies import MAX_UNSENT_OUTPUTS, Replies, _still_unsent
+from data_plane.reports import WorkerIdentity
 from data_plane.service import Worker
 from shared import streams
 from shared.protocol import DEFAULT_LIMITS, TokenOutput, TokenOutputs, decode
@@ -157,26 +160,32 @@ async def test_a_refusal_made_while_a_write_is_in_flight_is_sent_next(
     assert got == {GW_A: ["r1", "bad2"], GW_B: ["bad"]} and not replies.has_pending
 
 
+async def _nothing_in_flight() -> None:
+    pass
+
+
 def _outs(entry: Any) -> list[TokenOutput]:
     return decode(entry[1][b"m"], TokenOutputs).outputs
 
 
+def _outbox(redis: Any) -> Outbox:
+    """An outbox whose snapshots encode to fixed bytes, with r1 admitted to GW_A."""
+    planner = cast(Any, SimpleNamespace(source="local", quiet=lambda iteration: False))
+    replies = Replies()
+    replies.admit("r1", GW_A, {"worker_id": "w0"})
+    identity = WorkerIdentity("w0", "e1", 64)
+    outbox = Outbox(redis, replies, planner, cast(Any, None), identity, snapshot_deltas=False)
+    outbox.snapshot_bytes = lambda result, iteration_time_s: b"snapshot"  # type: ignore[method-assign]
+    return outbox
+
+
 async def test_a_failed_snapshot_write_still_sends_the_tokens(redis_client: Redis) -> None:
-    worker = Worker.__new__(Worker)  # only what _publish touches
-    worker.redis = SnapshotWritesFail(redis_client)  # type: ignore[assignment]
-    worker.settings = cast(Any, SimpleNamespace(worker_id="w0"))
-    worker._announced_s = None
-    worker.planner = cast(Any, SimpleNamespace(source="local", quiet=lambda iteration: False))
-    worker._snapshot_sent_s = 0.0
-    worker.replies = Replies()
-    worker.replies.admit("r1", GW_A, {"worker_id": "w0"})
-    worker._snapshot_bytes = lambda result, iteration_time_s: b"snapshot"  # type: ignore[method-assign]
-    worker._send_task = None
+    outbox = _outbox(SnapshotWritesFail(redis_client))
     snapshot = cast(Any, SimpleNamespace(iteration=1))
     result: Any = StepResult([RequestOutput("r1", [3, 4], 2)], snapshot=snapshot)
-    await worker._publish(result, 0.01)  # sent while the next step would run
+    await outbox.publish(result, 0.01)  # sent while the next step would run
     with pytest.raises(ConnectionError):  # the failed write surfaces when the send is awaited
-        await worker._flush_sends()
+        await outbox.flush()
     (entry,) = await redis_client.xrange(GW_A)
     (out,) = decode(entry[1][b"m"], TokenOutputs).outputs
     assert (out.index, out.token_ids) == (0, [3, 4])  # sent and counted: no silent hole
@@ -186,25 +195,16 @@ async def test_a_failed_snapshot_write_still_sends_the_tokens(redis_client: Redi
 async def test_a_step_after_a_failed_send_still_sends_its_tokens(redis_client: Redis) -> None:
     """The failed send's error surfaces in the next step's publish: that step's outputs were
     dropped (a token missing mid-text, finish "length", no error at the client)."""
-    worker = Worker.__new__(Worker)  # only what _publish touches
-    worker.redis = SnapshotWritesFail(redis_client)  # type: ignore[assignment]
-    worker.settings = cast(Any, SimpleNamespace(worker_id="w0"))
-    worker._announced_s = None
-    worker.planner = cast(Any, SimpleNamespace(source="local", quiet=lambda iteration: False))
-    worker._snapshot_sent_s = 0.0
-    worker.replies = Replies()
-    worker.replies.admit("r1", GW_A, {"worker_id": "w0"})
-    worker._snapshot_bytes = lambda result, iteration_time_s: b"snapshot"  # type: ignore[method-assign]
-    worker._send_task = None
+    outbox = _outbox(SnapshotWritesFail(redis_client))
     for iteration, tokens in ((1, [3, 4]), (2, [5])):
         snapshot = cast(Any, SimpleNamespace(iteration=iteration))
         result: Any = StepResult([RequestOutput("r1", tokens, 1 + iteration)], snapshot=snapshot)
         try:
-            await worker._publish(result, 0.01)
+            await outbox.publish(result, 0.01)
         except ConnectionError:  # the first send's failure, one step later
             assert iteration == 2
     with pytest.raises(ConnectionError):
-        await worker._flush_sends()
+        await outbox.flush()
     entries = await redis_client.xrange(GW_A)
     outputs = [o for _, fields in entries for o in decode(fields[b"m"], TokenOutputs).outputs]
     assert [(o.index, o.token_ids) for o in outputs] == [(0, [3, 4]), (2, [5])]
@@ -295,9 +295,12 @@ async def test_an_idle_worker_still_sends_what_a_failed_write_left(redis_client:
     worker._fetch = nothing_new  # type: ignore[method-assign]
     worker.intake = cast(Any, SimpleNamespace(ack=nothing_to_ack))
     worker.gateways = GatewayWatch(dead_s=10.0, forget_s=3600.0)
+    worker.admission = Admission(
+        worker.engine, worker.replies, worker.gateways, worker.grammars, "w0"
+    )
     worker._refresh_status = lambda: None  # type: ignore[method-assign]
     worker.knobs = SimpleNamespace(seeded=True, apply=lambda: None)  # type: ignore[assignment]
-    worker._send_task = None
+    worker.outbox = cast(Any, SimpleNamespace(flush=_nothing_in_flight))
     await worker._iterate()
     (entry,) = await redis_client.xrange(GW_A)
     (finish,) = decode(entry[1][b"m"], TokenOutputs).outputs

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 from data_plane.engine.config import EngineConfig
 from data_plane.engine.engine import StepResult
@@ -17,8 +16,9 @@ from data_plane.engine.llm import build_engine
 from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.tiered import KVCacheManager
 from data_plane.models import load_model
+from data_plane.outbox import Outbox
+from data_plane.replies import Replies
 from data_plane.reports import WorkerIdentity, worker_status
-from data_plane.service import Worker
 from shared.policy import RequestState, RequestView, Snapshot
 from shared.protocol import StateSnapshot, decode
 from shared.protocol.convert import rows_from_table
@@ -26,19 +26,14 @@ from shared.protocol.convert import rows_from_table
 
 def test_a_snapshot_that_cannot_travel_is_skipped_not_fatal() -> None:
     kv = KVCacheManager.hbm_only(8, 4)
-    worker = SimpleNamespace(
-        engine=SimpleNamespace(kv=kv),
-        settings=SimpleNamespace(worker_id="w0"),
-        epoch="e1",
-        block_bytes=64,
-        planner=SimpleNamespace(
-            source="local", delta_base=lambda iteration: None, min_residency_s=1.75
-        ),
-        deltas=None,
+    planner: Any = SimpleNamespace(
+        source="local", delta_base=lambda iteration: None, min_residency_s=1.75
     )
+    identity = WorkerIdentity("w0", "e1", 64)
+    outbox = Outbox(cast(Any, None), Replies(), planner, kv, identity, snapshot_deltas=False)
     view = RequestView("r", RequestState.WAITING, t_arr_s=float("nan"), num_tokens=3)
     bad = Snapshot(1.0, (view,), 4, 0, 4, 64, 8, iteration=3)
-    snapshot_bytes = partial(Worker._snapshot_bytes, worker)
+    snapshot_bytes = outbox.snapshot_bytes
     assert snapshot_bytes(StepResult([], bad), 0.01) is None  # logged, the worker goes on
     good = replace(bad, requests=(view._replace(t_arr_s=0.5),))
     data = snapshot_bytes(StepResult([], good), 0.01)

@@ -12,6 +12,7 @@ from typing import Any, cast
 import pytest
 from redis.exceptions import ConnectionError
 
+from data_plane.admission import Admission
 from data_plane.grammar_intake import PendingGrammars
 from data_plane.orphans import GatewayWatch
 from data_plane.service import Worker
@@ -52,12 +53,19 @@ class Recorder:
         self.events.append("acked")
 
 
+async def _nothing_in_flight() -> None:
+    pass
+
+
 def _worker(recorder: Recorder) -> Worker:
     worker = Worker.__new__(Worker)
     worker.engine = cast(Any, SimpleNamespace(has_unfinished=lambda: True))
     worker.knobs = cast(Any, SimpleNamespace(seeded=True, apply=lambda: None))
     worker.gateways = GatewayWatch(dead_s=10.0, forget_s=3600.0)
     worker.grammars = PendingGrammars(lambda structured: None, lambda structured: True)
+    worker.admission = Admission(
+        worker.engine, cast(Any, None), worker.gateways, worker.grammars, "w0"
+    )
     worker.intake = cast(Any, SimpleNamespace(ack=recorder.ack))
     worker._refresh_status = lambda: None  # type: ignore[method-assign]
     worker._step = recorder.step  # type: ignore[method-assign]
@@ -100,7 +108,7 @@ async def test_an_idle_worker_whose_retried_write_fails_still_takes_what_it_read
         raise ConnectionError("still away")
 
     worker.replies = cast(Any, SimpleNamespace(has_pending=True, send=send_fails))
-    worker._send_task = None
+    worker.outbox = cast(Any, SimpleNamespace(flush=_nothing_in_flight))
     worker.redis = cast(Any, None)
     with pytest.raises(ConnectionError, match="still away"):
         await worker._iterate()

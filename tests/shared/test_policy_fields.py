@@ -58,16 +58,16 @@ def test_the_wire_table_follows_the_declaration(monkeypatch: pytest.MonkeyPatch)
     """The wire's request columns and their kinds come from REQUEST_FIELDS (plus the wire's
     own synced count); a field declared but not carried by the wire table fails at import."""
     from shared.policy.types import REQUEST_FIELDS, RequestField
-    from shared.protocol import messages
+    from shared.protocol import table
 
     for field in REQUEST_FIELDS:
         if field.pack != "id":
-            assert messages.TABLE_COLUMNS[field.column] == field.pack
-    assert set(messages.TABLE_COLUMNS) - {f.column for f in REQUEST_FIELDS} == {"num_blocks_synced"}
+            assert table.TABLE_COLUMNS[field.column] == field.pack
+    assert set(table.TABLE_COLUMNS) - {f.column for f in REQUEST_FIELDS} == {"num_blocks_synced"}
     drifted = (*REQUEST_FIELDS, RequestField("tenant_rank", "tenant_rank", "int64", "int"))
-    monkeypatch.setattr(messages, "REQUEST_FIELDS", drifted)
+    monkeypatch.setattr(table, "REQUEST_FIELDS", drifted)
     with pytest.raises(TypeError, match="RequestTable"):
-        messages._table_columns()
+        table._table_columns()
 
 
 def test_a_compiled_view_builder_covers_every_field_or_is_refused() -> None:

@@ -28,7 +28,7 @@ from shared.protocol import (
     encode,
 )
 from shared.protocol.convert import columns_from_table, rows_from_table, table_from_rows
-from shared.protocol.messages import TABLE_COLUMNS, RequestTable
+from shared.protocol.table import TABLE_COLUMNS, RequestTable
 from shared.sampling import SamplingParams
 
 ROWS = [

@@ -32,7 +32,7 @@ from shared.protocol.delta import (
     apply_delta,
     records_from_table,
 )
-from shared.protocol.messages import TABLE_COLUMNS, RequestTable
+from shared.protocol.table import TABLE_COLUMNS, RequestTable
 
 FIELDS = [name for name in TABLE_COLUMNS if name != "num_blocks_synced"]
 
