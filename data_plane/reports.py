@@ -128,6 +128,8 @@ def worker_status(
         num_cached_dram_blocks=stats.num_cached_dram_blocks,
         prefill_tokens_per_s=speed.prefill_tokens_per_s,
         decode_step_s=speed.decode_step_s,
+        decode_base_s=speed.decode_fit.coefficients()[0],
+        decode_s_per_request=speed.decode_fit.coefficients()[1],
         b_xfer_blocks=kv.b_xfer_blocks,
         link_bytes_per_s=stats.link_bytes_per_s,
     )

@@ -24,7 +24,14 @@ from gateway.errors import APIError
 from gateway.settings import GatewaySettings
 from shared import streams
 from shared.knobs import read_knobs
-from shared.policy import Knobs, kv_usage, least_loaded, predicted_lag_s, worker_for_key
+from shared.policy import (
+    Knobs,
+    decode_step_s,
+    kv_usage,
+    least_loaded,
+    predicted_lag_s,
+    worker_for_key,
+)
 from shared.protocol import ProtocolError, WorkerStatus, decode
 from shared.slo import DEFAULT_SLO_CLASSES, SloClass, read_slo_classes
 
@@ -212,9 +219,18 @@ class WorkerDirectory:
         return min(lens) if lens else None
 
     def predicted_lag_s(self, status: WorkerStatus) -> float:
+        """The lag a new request would see there, its step time predicted by the worker's
+        decode fit at the requests it would then hold (those of its status, those sent since
+        and this one); without a fit, its recent step time (idle: its measured decode step).
+        A measured step time alone was the load of the status period it came from: a worker
+        left idle after a burst kept its steps at 24 requests and drew nothing more."""
         share = self.queued.get(status.worker_id, QueueShare())
-        return predicted_lag_s(  # idle (0 s a step): its measured decode step instead
-            max(status.iteration_time_s, status.decode_step_s),
+        fitted_s = decode_step_s(
+            status.decode_base_s, status.decode_s_per_request, self.num_requests(status) + 1
+        )
+        step_s = max(status.iteration_time_s, status.decode_step_s)
+        return predicted_lag_s(
+            step_s if fitted_s is None else fitted_s,
             status.num_waiting_tokens + share.num_prompt_tokens,
             status.max_num_batched_tokens,
             kv_usage(status.num_hbm_blocks, status.num_free_hbm_blocks),
@@ -246,7 +262,8 @@ class WorkerDirectory:
         """The candidate a new request goes to (:func:`shared.policy.least_loaded`): each one's
         requests are what it last reported plus what this gateway sent it since."""
         lags_s = [self.predicted_lag_s(status) for status in candidates]
-        return candidates[least_loaded(lags_s, [self.num_requests(s) for s in candidates])]
+        num_requests = [self.num_requests(status) for status in candidates]
+        return candidates[least_loaded(lags_s, num_requests)]
 
     def num_requests(self, status: WorkerStatus) -> int:
         """Requests on the worker: those of its status and those this gateway sent it since

@@ -29,7 +29,13 @@ from shared.policy.registry import (
     plan_handles,
     planned_remotely,
 )
-from shared.policy.routing import kv_usage, least_loaded, predicted_lag_s, worker_for_key
+from shared.policy.routing import (
+    decode_step_s,
+    kv_usage,
+    least_loaded,
+    predicted_lag_s,
+    worker_for_key,
+)
 from shared.policy.types import (
     PAPER_LVF,
     Knobs,
@@ -55,6 +61,7 @@ __all__ = [
     "Snapshot",
     "columnar_from_snapshot",
     "columns_from_views",
+    "decode_step_s",
     "kv_usage",
     "least_loaded",
     "make_plan",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 
 # Workers whose predicted lag is within this fraction of the least are equally good for a new
@@ -27,14 +28,25 @@ def predicted_lag_s(
     return max(iteration_time_s, 1e-3) * iterations * (1.0 + hbm_usage)
 
 
-def least_loaded(lags_s: Sequence[float], num_requests: Sequence[int]) -> int:
+def decode_step_s(base_s: float, per_request_s: float, num_requests: int) -> float | None:
+    """A decode step's predicted time at ``num_requests`` (a worker's fit, data_plane/speed.py;
+    None without one: nothing measured, or values no worker sends)."""
+    if not (math.isfinite(base_s) and math.isfinite(per_request_s)):
+        return None
+    if base_s < 0.0 or per_request_s < 0.0 or base_s + per_request_s <= 0.0:
+        return None
+    return base_s + per_request_s * num_requests
+
+
+def least_loaded(
+    lags_s: Sequence[float], num_requests: Sequence[int], tolerance: float = LAG_TOLERANCE
+) -> int:
     """Index of the worker a new request goes to: among those whose predicted lag is within
-    LAG_TOLERANCE of the least, the one holding the fewest requests (join-shortest-queue), then
-    the least lag. By lag alone, two like workers differing by noise in their step times split
-    a burst 24/0 until their statuses caught up (statuses come every heartbeat)."""
+    ``tolerance`` of the least, the one holding the fewest requests (join-shortest-queue), then
+    the least lag."""
     if not lags_s or len(lags_s) != len(num_requests):
         raise ValueError("one lag and one request count per worker, at least one worker")
-    bound_s = min(lags_s) * (1.0 + LAG_TOLERANCE)
+    bound_s = min(lags_s) * (1.0 + tolerance)
     near = [i for i, lag_s in enumerate(lags_s) if lag_s <= bound_s]
     return min(near, key=lambda i: (num_requests[i], lags_s[i]))
 

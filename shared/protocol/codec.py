@@ -16,7 +16,7 @@ import msgpack
 
 from shared.protocol.limits import DEFAULT_LIMITS, Limits, unpack
 
-SCHEMA_VERSION = 15  # 2: columnar RequestTable snapshots; 3: TokenOutput.error_kind;
+SCHEMA_VERSION = 16  # 2: columnar RequestTable snapshots; 3: TokenOutput.error_kind;
 # 4: requests known by handle (arrival_seq) between worker and control plane, no id strings;
 # token outputs batched per reply stream and iteration (TokenOutputs); 5: SubmitRequest carries
 # the sampling parameters as one nested SamplingParams; 6: snapshots may travel as a delta
@@ -34,8 +34,10 @@ SCHEMA_VERSION = 15  # 2: columnar RequestTable snapshots; 3: TokenOutput.error_
 # 14: WorkerStatus carries the B_xfer in force and the measured link bandwidth
 # (b_xfer_blocks, link_bytes_per_s), for /metrics; TokenOutput.error_param names the field a
 # worker refused a request for; 15: TokenOutput.num_cached_tokens (prompt tokens served from
-# the prefix cache, on the first token's message). A new message kind (AbortReplyStream) keeps
-# the version: no message changed, and a worker that does not know it logs and skips it.
+# the prefix cache, on the first token's message); 16: WorkerStatus carries the decode step's
+# fit to its batch size (decode_base_s, decode_s_per_request), for routing. A new message kind
+# (AbortReplyStream) keeps the version: no message changed, and a worker that does not know it
+# logs and skips it.
 T = TypeVar("T")
 _REGISTRY: dict[str, type] = {}
 _HINTS: dict[type, list[tuple[str, Any]]] = {}

@@ -258,6 +258,10 @@ class WorkerStatus:
     # tokens per second of prefill steps, and a decode-only step's time; 0: not measured yet.
     prefill_tokens_per_s: float = 0.0
     decode_step_s: float = 0.0
+    # A decode step's time as decode_base_s + decode_s_per_request x its batch size, fitted
+    # over recent decode steps (data_plane/speed.py); both 0: not measured yet.
+    decode_base_s: float = 0.0
+    decode_s_per_request: float = 0.0
     # DuplexKV's budget in force (B_xfer, blocks per iteration per direction: the knob, or with
     # ``auto`` what the measured link moves in an iteration) and the measured link bandwidth
     # (the slower direction, bytes per busy second; 0: nothing measured or no host tier).

@@ -6,6 +6,7 @@ a worker holds count whether it reported them or this gateway just sent them."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import pytest
@@ -16,16 +17,19 @@ from gateway.placement import Placement
 from gateway.settings import GatewaySettings
 from gateway.workers import WorkerDirectory
 from shared import streams
-from shared.policy import least_loaded
+from shared.policy import decode_step_s, least_loaded
 from shared.protocol import WorkerStatus, encode
 from tests.gateway.test_metrics_vllm import _status
 
 
 def _idle(worker_id: str, iteration_time_s: float) -> WorkerStatus:
+    """Holding no request; its decode steps fitted flat at ``iteration_time_s``."""
     return _status(
         worker_id,
         iteration_time_s=iteration_time_s,
         decode_step_s=iteration_time_s,
+        decode_base_s=iteration_time_s,
+        decode_s_per_request=0.0,
         num_running=0,
         num_waiting=0,
         num_rotary=0,
@@ -70,6 +74,26 @@ async def test_a_burst_splits_evenly_over_like_workers_whose_step_times_differ_b
     await redis_client.delete(streams.WORKERS_KEY)
 
 
+async def test_a_worker_left_idle_with_a_stale_step_time_draws_its_share(
+    redis_client: Redis,
+) -> None:
+    """Idle, a worker reports the decode steps it last ran (19.6 ms, at a burst's load): served,
+    it drew no request of five bursts of 24 while its peer's recent steps said 3.5 ms. Both
+    fitted the same step time to the batch size: the lag comes from that."""
+    fit = {"decode_base_s": 0.002, "decode_s_per_request": 0.0007}
+    stale = dataclasses.replace(_idle("stale", 0.0), decode_step_s=0.0196, **fit)
+    idle = dataclasses.replace(_idle("idle", 0.0), decode_step_s=0.0035, **fit)
+    busy = dataclasses.replace(_idle("busy", 0.0035), num_running=2, **fit)
+    directory = await _directory(redis_client, [stale, idle])
+    chosen, _ = _route(directory, 24)
+    assert chosen.count("stale") == chosen.count("idle") == 12, chosen
+    await redis_client.delete(streams.WORKERS_KEY)
+    directory = await _directory(redis_client, [stale, busy])
+    chosen, _ = _route(directory, 24)
+    assert chosen.count("stale") == 13 and chosen.count("busy") == 11, chosen
+    await redis_client.delete(streams.WORKERS_KEY)
+
+
 async def test_a_worker_lagging_well_behind_draws_nothing_while_the_other_keeps_up(
     redis_client: Redis,
 ) -> None:
@@ -97,3 +121,10 @@ def test_least_loaded_prefers_fewer_requests_among_near_lags_then_the_lag() -> N
         least_loaded([1.0], [1, 2])
     with pytest.raises(ValueError, match="at least one"):
         least_loaded([], [])
+
+
+def test_a_decode_step_is_predicted_from_a_fit_workers_send_and_nothing_else() -> None:
+    assert decode_step_s(0.002, 0.0007, 10) == pytest.approx(0.009)
+    for base_s, per_request_s in ((0.0, 0.0), (-1.0, 0.1), (0.1, -1.0), (math.nan, 0.1)):
+        assert decode_step_s(base_s, per_request_s, 10) is None  # the status's own step then
+    assert decode_step_s(0.0, 0.001, 10) == pytest.approx(0.01)
