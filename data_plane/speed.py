@@ -20,9 +20,11 @@ PROPORTIONAL_FROM = 2.0
 class DecodeFit:
     """A decode step's time as ``base_s + per_request_s x batch size``: exponentially weighted
     least squares over decode-only steps. Batch sizes too alike to fit a slope (a worker that
-    ran one batch size for a while) or a negative slope (noise, or a flat device) give a flat
-    time. Both 0 until a step was observed. (A time proportional to the batch for too-alike
-    sizes sent requests to a twice-slower idle worker: ``bench/routing_balance.py``.)"""
+    ran one batch size for a while) give a time proportional to the batch from a mean batch of
+    PROPORTIONAL_FROM (flat at that size, a worker left idle looked as slow as its last burst
+    and drew nothing more), flat below it (one request at a time: proportional made it look
+    half as fast at two, and a slower worker drew its requests); a negative slope (noise, or a
+    flat device) gives a flat time. Both 0 until a step was observed."""
 
     def __init__(self, alpha: float = FIT_ALPHA) -> None:
         if not 0.0 < alpha <= 1.0:
