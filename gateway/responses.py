@@ -198,6 +198,13 @@ def _chat_tool_choice(choice: Any) -> Any:
     )
 
 
+_FORMAT_KEYS = {
+    "text": {"type"},
+    "json_object": {"type"},
+    "json_schema": {"type", "name", "schema", "strict", "description"},
+}
+
+
 def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     """``text.format`` as chat's ``response_format`` (``verbosity`` is refused)."""
     if not text:
@@ -206,6 +213,11 @@ def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
         raise APIError(400, "text takes format (verbosity is not served)", param="text")
     fmt = text.get("format")
     kind = fmt.get("type") if isinstance(fmt, dict) else None
+    known = _FORMAT_KEYS.get(kind, set()) if isinstance(kind, str) else set()
+    unknown = sorted(set(fmt) - known) if isinstance(fmt, dict) and known else []
+    if unknown:
+        param = f"text.format.{str(unknown[0])[:64]}"
+        raise APIError(400, f"'{param}' is not a field of format type {kind}", param=param)
     if fmt is None or kind == "text":
         return None
     if kind == "json_object":

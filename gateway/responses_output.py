@@ -84,6 +84,9 @@ def response_head(body: ResponsesRequest, response_id: str, created_s: int) -> d
         "top_p": 1.0 if body.top_p is None else body.top_p,
         "truncation": "disabled",
         "user": body.user,
+        "safety_identifier": body.safety_identifier,
+        "prompt_cache_key": body.prompt_cache_key,
+        "service_tier": "default",  # the one tier ("auto" resolves to it)
         "background": False,
     }
 

@@ -95,6 +95,9 @@ def _logit_bias(bias: dict[str, object] | None) -> tuple[tuple[int, ...], tuple[
 
 # vLLM's structured_outputs keys -> our kinds (json_object: any JSON object)
 _VLLM_KEYS = {"json": "json", "regex": "regex", "choice": "choice", "grammar": "grammar"}
+# vLLM's structured-output options that hold of every output here, accepted when true: JSON
+# is generated without free whitespace (shared/grammar.py), and there is one grammar backend.
+_VLLM_OPTIONS = {"disable_any_whitespace", "disable_fallback"}
 
 
 def _as_structured(kind: str, value: object, param: str) -> StructuredOutput:
@@ -129,7 +132,9 @@ def structured_output(body: SamplingFields) -> StructuredOutput | None:
     if body.structured_outputs is not None:
         found.append(_vllm_structured(body.structured_outputs))
     if len(found) > 1:
-        raise APIError(400, "more than one structured output asked for", param="response_format")
+        names = [name for name in _STRUCTURED_FIELDS if getattr(body, name) is not None]
+        message = f"one structured output at most; given: {', '.join(names)}"
+        raise APIError(400, message, param=names[-1])
     return found[0] if found else None
 
 
@@ -145,6 +150,9 @@ def _response_format(fmt: object) -> list[StructuredOutput]:
         if unknown:
             param = f"response_format{where}.{unknown[0][:64]}"
             raise APIError(400, f"'{param}' is not a field", param=param)
+    if kind in ("text", "json_object") and isinstance(fmt, dict) and "json_schema" in fmt:
+        message = f"response_format.json_schema is read only with type json_schema, not {kind}"
+        raise APIError(400, message, param="response_format.json_schema")
     if kind == "text":
         return []
     if kind == "json_object":
@@ -161,9 +169,18 @@ def _response_format(fmt: object) -> list[StructuredOutput]:
 
 
 def _vllm_structured(params: object) -> StructuredOutput:
-    """vLLM's ``structured_outputs``: one of json, regex, choice, grammar, json_object."""
+    """vLLM's ``structured_outputs``: one of json, regex, choice, grammar, json_object; of its
+    options, those true of every output here (``_VLLM_OPTIONS``) are accepted, any other
+    option is a 400 naming it."""
     if isinstance(params, dict):
         given = {k: v for k, v in params.items() if v not in (None, False)}
+        for key, value in given.items():
+            param = f"structured_outputs.{str(key)[:64]}"
+            if key in _VLLM_OPTIONS and value is not True:
+                raise APIError(400, f"{param} takes true or false", param=param)
+            if key not in _VLLM_OPTIONS and key not in _VLLM_KEYS and key != "json_object":
+                raise APIError(400, f"'{param}' is not supported", param=param)
+        given = {k: v for k, v in given.items() if k not in _VLLM_OPTIONS}
         if given == {"json_object": True}:
             return StructuredOutput("json", '{"type": "object"}')
         if len(given) == 1 and next(iter(given)) in _VLLM_KEYS:
@@ -200,11 +217,22 @@ async def refuse_uncompilable(
         raise APIError(400, problem, param=param)
 
 
+_STRUCTURED_FIELDS = (
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+)
+
+
 def _structured_param(body: SamplingFields) -> str:
-    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar"):
+    """The field the request's structured output came from (vLLM's before OpenAI's)."""
+    for name in reversed(_STRUCTURED_FIELDS):
         if getattr(body, name) is not None:
             return name
-    return "structured_outputs" if body.structured_outputs is not None else "response_format"
+    return "response_format"
 
 
 def check_choices(body: SamplingFields) -> None:
@@ -260,8 +288,9 @@ def sampling_params(
     structured = structured_output(body)
     if tool_structured is not None:  # tool_choice required or a named function
         if structured is not None:
+            param = _structured_param(body)
             message = "tool_choice required or a named function fixes the output's format"
-            raise APIError(400, message + ": no response_format beside it", "response_format")
+            raise APIError(400, f"{message}: no {param} beside it", param)
         structured = tool_structured
     try:
         return SamplingParams(

@@ -217,12 +217,27 @@ def history_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
     return out
 
 
+_HISTORY_CALL_KEYS = frozenset({"id", "type", "function", "index"})
+_HISTORY_FUNCTION_KEYS = frozenset({"name", "arguments", "parsed_arguments"})
+
+
 def _history_call(call: Any, index: int) -> dict[str, Any]:
+    """An assistant's tool call in a history, its arguments parsed for the template; a call
+    as the openai client gives it back (``index`` of a streamed call, ``parsed_arguments`` of a
+    parsed one: output fields, as the message's ``parsed``) passes, any other field is a 400."""
     function = call.get("function") if isinstance(call, dict) else None
     if not (isinstance(function, dict) and isinstance(function.get("name"), str)):
         raise APIError(
             400, "a tool call is {id, type, function: {name, arguments}}", f"messages.{index}"
         )
+    for where, given, known in (
+        ("", call, _HISTORY_CALL_KEYS),
+        (".function", function, _HISTORY_FUNCTION_KEYS),
+    ):
+        unknown = sorted(str(key) for key in set(given) - known)
+        if unknown:
+            param = f"messages.{index}.tool_calls{where}.{unknown[0][:64]}"
+            raise APIError(400, f"'{param}' is not a field of a tool call", param)
     arguments = function.get("arguments", "{}")
     if isinstance(arguments, str):
         try:
@@ -231,7 +246,8 @@ def _history_call(call: Any, index: int) -> dict[str, Any]:
             raise APIError(
                 400, f"tool call arguments are not JSON: {exc}", f"messages.{index}"
             ) from exc
-    return {**call, "function": {**function, "arguments": arguments}}
+    kept = {key: value for key, value in call.items() if key != "index"}  # output fields go
+    return {**kept, "function": {"name": function["name"], "arguments": arguments}}
 
 
 def assistant_message(

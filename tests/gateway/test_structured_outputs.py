@@ -108,15 +108,34 @@ def test_vllm_fields_and_streaming(served: Served, client: OpenAI) -> None:
         ({"guided_choice": []}, "guided_choice"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
         ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
-        ({"guided_json": {"type": "object"}, "guided_regex": "a"}, "response_format"),
+        ({"guided_json": {"type": "object"}, "guided_regex": "a"}, "guided_regex"),
+        ({"response_format": {"type": "json_object", "json_schema": {"name": "x", "schema": {}}}},
+         "response_format.json_schema"),
+        ({"response_format": {"type": "text", "json_schema": {"name": "x", "schema": {}}}},
+         "response_format.json_schema"),
+        ({"structured_outputs": {"json": {"type": "object"}, "whitespace_pattern": " "}},
+         "structured_outputs.whitespace_pattern"),
+        ({"structured_outputs": {"regex": "a", "disable_any_whitespace": "yes"}},
+         "structured_outputs.disable_any_whitespace"),
     ],
-)
+)  # fmt: skip
 def test_what_cannot_be_served_is_a_400(served: Served, extra: dict[str, Any], param: Any) -> None:
     body = {"model": MODEL, "prompt": "Tim", "max_tokens": 4, **extra}
     response = httpx.post(f"{served.url}/v1/completions", json=body, timeout=60)
     assert response.status_code == 400, response.text
     if param is not None:
         assert response.json()["error"]["param"] == param
+
+
+def test_vllms_options_true_of_every_output_are_served(served: Served) -> None:
+    """vLLM's structured_outputs options that hold here anyway (JSON without free whitespace,
+    one backend) are accepted, not refused as unknown keys."""
+    options = {"disable_any_whitespace": True, "disable_fallback": True, "whitespace_pattern": None}
+    body = {"model": MODEL, "prompt": "Tim", "max_tokens": 6, "temperature": 0}
+    body["structured_outputs"] = {"regex": "[a-z]{3}", **options}
+    response = httpx.post(f"{served.url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert re.fullmatch("[a-z]{3}", response.json()["choices"][0]["text"])
 
 
 def test_the_openai_client_sees_a_bad_schema_as_a_bad_request(client: OpenAI) -> None:

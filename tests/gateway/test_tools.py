@@ -128,6 +128,23 @@ def test_a_history_with_calls_and_tool_answers_is_rendered(served: Served) -> No
     bad = [*history[:1], {**history[1], "tool_calls": [{"id": "x", "function": {"name": 3}}]}]
     refused = httpx.post(f"{served.url}/v1/chat/completions", json={**body, "messages": bad})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages.1"
+    call, url = history[1]["tool_calls"][0], f"{served.url}/v1/chat/completions"
+    as_streamed = {**call, "index": 0, "function": {**call["function"], "parsed_arguments": {}}}
+    echoed = [*history[:1], {**history[1], "tool_calls": [as_streamed]}, history[2]]
+    again = httpx.post(f"{served.url}/v1/chat/completions", json={**body, "messages": echoed})
+    assert again.status_code == 200, again.text  # the openai client's own output fields
+    for where, extra in (("", {"extra": 1}), (".function", {"strict": True})):
+        function = {**call["function"], **(extra if where else {})}
+        odd = {**call, **({} if where else extra), "function": function}
+        messages = [*history[:1], {**history[1], "tool_calls": [odd]}, history[2]]
+        refused = httpx.post(url, json={**body, "messages": messages})
+        param = f"messages.1.tool_calls{where}.{next(iter(extra))}"
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param
+    for role, field in (("user", {"tool_call_id": "call_1"}), ("tool", {"tool_calls": [call]})):
+        messages = [{"role": role, "content": "x", **field}]
+        refused = httpx.post(url, json={**body, "messages": messages})
+        assert refused.status_code == 400, refused.text
+        assert next(iter(field)) in refused.json()["error"]["message"]
 
 
 def test_tool_choice_none_still_renders_the_tools(served: Served, client: OpenAI) -> None:
