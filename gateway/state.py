@@ -15,7 +15,7 @@ from gateway.auth import ApiKeyCache
 from gateway.auth_failures import AuthFailures, FailureRule
 from gateway.chat import ChatRenderer
 from gateway.dispatcher import Dispatcher
-from gateway.generation import GenerationService
+from gateway.generation_service import GenerationService
 from gateway.heartbeat import Heartbeat
 from gateway.inflight import InFlightRequests
 from gateway.metrics import GatewayMetrics

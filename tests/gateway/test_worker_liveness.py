@@ -17,7 +17,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.dispatcher import Dispatcher
-from gateway.generation import GenerationParams, GenerationService
+from gateway.generation import GenerationParams
+from gateway.generation_service import GenerationService
 from gateway.inflight import InFlightRequests, Route
 from gateway.limits import KeyLimiter
 from gateway.metrics import GatewayMetrics
