@@ -1,6 +1,6 @@
 """How the gateway's router spreads requests over workers (``shared.policy.least_loaded``'s
 ``LAG_TOLERANCE``), in virtual time: workers whose step time grows with their batch (CPU-like:
-steeply; GPU-like: barely) and carries noise, statuses seen every heartbeat (0.25 s), Poisson
+steeply; GPU-like: barely) and carries noise, statuses seen every heartbeat (0.5 s), Poisson
 and bursty arrivals of decode-heavy requests. Each router sees what the gateway sees: the last
 status (mean step time over its period, or idle: the EWMA of the steps it last ran; requests
 held; its decode step's fit to the batch size, ``data_plane.speed.DecodeFit``) plus what it sent
@@ -25,7 +25,7 @@ import numpy as np
 from data_plane.speed import DecodeFit
 from shared.policy import decode_step_s, kv_usage, least_loaded, predicted_lag_s
 
-HEARTBEAT_S = 0.25
+HEARTBEAT_S = 0.5  # the workers' default heartbeat_interval_s (statuses rebuilt as often)
 BURST = 12
 RULES = ("lag", "0.0", "0.1", "0.25", "0.5")
 # (name, per-worker base step s, step growth per request held as a fraction of the base)
@@ -48,6 +48,7 @@ class Worker:
     idle_step_s: float = 0.0  # an idle worker reports its decode steps' EWMA (speed.py)
     # requests held, mean step s of the last period (idle: idle_step_s), the decode fit
     reported: tuple[int, float, tuple[float, float]] = (0, 0.0, (0.0, 0.0))
+    busy_step_s: float = 0.0  # the status's iteration_time_s: 0 when idle over its period
     fit: DecodeFit = field(default_factory=DecodeFit)
     sent_since: int = 0
 
@@ -81,9 +82,10 @@ def _choose(workers: list[Worker], rule: str) -> int:
     if rule == "lag":
         steps_s = [w.reported[1] for w in workers]
     else:
+        fitted = [decode_step_s(*w.reported[2], n + 1) for w, n in zip(workers, held, strict=True)]
         steps_s = [
-            decode_step_s(*w.reported[2], n + 1) or w.reported[1]
-            for w, n in zip(workers, held, strict=True)
+            w.reported[1] if f is None else max(w.busy_step_s, f)
+            for w, f in zip(workers, fitted, strict=True)
         ]
     lags_s = [predicted_lag_s(step_s, 0, 2048, kv_usage(0, 0)) for step_s in steps_s]
     if rule == "lag":
@@ -109,6 +111,7 @@ def run(
                 idle = not w.step_times
                 step_s = w.idle_step_s or w.base_s if idle else float(np.mean(w.step_times))
                 w.reported = (len(w.requests), step_s, w.fit.coefficients())
+                w.busy_step_s = 0.0 if idle else step_s
                 w.step_times, w.sent_since = [], 0
             t_status_s += HEARTBEAT_S
         while i < len(arrivals) and arrivals[i] <= now:

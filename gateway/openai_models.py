@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from shared.logprobs import MAX_LOGPROBS
@@ -137,15 +137,16 @@ class ChatMessage(BaseModel):
 
     _text = field_validator("content", "name", "refusal", "reasoning_content")(valid_unicode)
 
-    @model_validator(mode="after")
-    def _fields_of_its_role(self) -> ChatMessage:
+    @field_validator("tool_calls", "tool_call_id")
+    @classmethod
+    def _field_of_its_role(cls, value: Any, info: ValidationInfo) -> Any:
         """``tool_calls`` belong to an assistant message, ``tool_call_id`` to a tool message:
         elsewhere nothing would read them."""
-        if self.tool_calls and self.role != "assistant":
-            raise ValueError(f"tool_calls is a field of assistant messages, not of {self.role}")
-        if self.tool_call_id is not None and self.role != "tool":
-            raise ValueError(f"tool_call_id is a field of tool messages, not of {self.role}")
-        return self
+        role = info.data.get("role")
+        owner = "assistant" if info.field_name == "tool_calls" else "tool"
+        if value and role is not None and role != owner:
+            raise ValueError(f"{info.field_name} is a field of {owner} messages, not of {role}")
+        return value
 
     def text(self) -> str:
         if self.content is None:

@@ -206,7 +206,8 @@ def history_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
     for index, message in enumerate(body.messages):
         entry: dict[str, Any] = {"role": message.role, "content": message.text()}
         if message.tool_calls:
-            entry["tool_calls"] = [_history_call(c, index) for c in message.tool_calls]
+            calls = enumerate(message.tool_calls)
+            entry["tool_calls"] = [_history_call(c, f"messages.{index}", i) for i, c in calls]
         if message.tool_call_id is not None:
             entry["tool_call_id"] = message.tool_call_id
         if message.name is not None:
@@ -221,31 +222,27 @@ _HISTORY_CALL_KEYS = frozenset({"id", "type", "function", "index"})
 _HISTORY_FUNCTION_KEYS = frozenset({"name", "arguments", "parsed_arguments"})
 
 
-def _history_call(call: Any, index: int) -> dict[str, Any]:
+def _history_call(call: Any, where: str, num: int) -> dict[str, Any]:
     """An assistant's tool call in a history, its arguments parsed for the template; a call
     as the openai client gives it back (``index`` of a streamed call, ``parsed_arguments`` of a
     parsed one: output fields, as the message's ``parsed``) passes, any other field is a 400."""
     function = call.get("function") if isinstance(call, dict) else None
     if not (isinstance(function, dict) and isinstance(function.get("name"), str)):
-        raise APIError(
-            400, "a tool call is {id, type, function: {name, arguments}}", f"messages.{index}"
-        )
-    for where, given, known in (
+        raise APIError(400, "a tool call is {id, type, function: {name, arguments}}", where)
+    for part, given, known in (
         ("", call, _HISTORY_CALL_KEYS),
         (".function", function, _HISTORY_FUNCTION_KEYS),
     ):
         unknown = sorted(str(key) for key in set(given) - known)
         if unknown:
-            param = f"messages.{index}.tool_calls{where}.{unknown[0][:64]}"
+            param = f"{where}.tool_calls.{num}{part}.{unknown[0][:64]}"
             raise APIError(400, f"'{param}' is not a field of a tool call", param)
     arguments = function.get("arguments", "{}")
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments else {}
         except json.JSONDecodeError as exc:
-            raise APIError(
-                400, f"tool call arguments are not JSON: {exc}", f"messages.{index}"
-            ) from exc
+            raise APIError(400, f"tool call arguments are not JSON: {exc}", where) from exc
     kept = {key: value for key, value in call.items() if key != "index"}  # output fields go
     return {**kept, "function": {"name": function["name"], "arguments": arguments}}
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import structlog
@@ -104,8 +104,9 @@ class WorkerDirectory:
         if classes is not None:
             self.slo_classes, self.slo_classes_version = classes
         self.control_plane_alive = bool(cp_alive)
-        self.statuses = self._decode_statuses(raw_workers)
+        previous, self.statuses = self.statuses, self._decode_statuses(raw_workers)
         self._observe_beats()
+        self._forget_counted_sends(previous)
         await self._forget_dead(raw_workers)
 
     async def _validated(self, what: str, read: Callable[[Redis], Awaitable[T]]) -> T | None:
@@ -123,8 +124,7 @@ class WorkerDirectory:
 
     def _observe_beats(self) -> None:
         """Note, on this gateway's clock, each worker heartbeat that changed since the last
-        refresh; a status seen for the first time is as old as the wall clocks say. A changed
-        status resets the worker's count of requests sent since its status."""
+        refresh; a status seen for the first time is as old as the wall clocks say."""
         now_mono, now_wall = time.monotonic(), time.time()
         beats: dict[str, _Beat] = {}
         for worker_id, status in self.statuses.items():
@@ -141,10 +141,18 @@ class WorkerDirectory:
                 beat = _Beat(status.epoch, status.t_heartbeat_s, now_mono - age_s, now_mono)
                 beats[worker_id] = beat
         self._beats = beats
-        sent = self._sent_since_status  # a changed status counts what was sent before it
-        self._sent_since_status = {
-            w: n for w, n in sent.items() if w in beats and beats[w].t_still_mono_s != now_mono
-        }
+
+    def _forget_counted_sends(self, previous: dict[str, WorkerStatus]) -> None:
+        """A worker's status rebuilt since the last refresh counts what was sent it before:
+        its count of sends since starts again. Only its heartbeat time new, it is the same
+        status re-stamped (workers rebuild theirs between steps, once a heartbeat period at
+        most): the count goes on (reset, a burst went 12/0 to a worker that had 12 already)."""
+        kept: dict[str, int] = {}
+        for worker_id, num_sent in self._sent_since_status.items():
+            status, old = self.statuses.get(worker_id), previous.get(worker_id)
+            if status is not None and old is not None and _restamped(old, status):
+                kept[worker_id] = num_sent
+        self._sent_since_status = kept
 
     async def _forget_dead(self, raw_workers: dict[Any, Any]) -> None:
         """Delete the status and streams of each worker whose heartbeat stood still for
@@ -222,15 +230,21 @@ class WorkerDirectory:
         """The lag a new request would see there, its step time predicted by the worker's
         decode fit at the requests it would then hold (those of its status, those sent since
         and this one); without a fit, its recent step time (idle: its measured decode step).
-        A measured step time alone was the load of the status period it came from: a worker
-        left idle after a burst kept its steps at 24 requests and drew nothing more."""
+        A measured decode step alone was the load it last ran: a worker left idle after a
+        burst kept its steps at 24 requests and drew nothing more. Busy over its last status
+        period, its mean step (prefill chunks and all) when longer. Not a number: last."""
         share = self.queued.get(status.worker_id, QueueShare())
         fitted_s = decode_step_s(
             status.decode_base_s, status.decode_s_per_request, self.num_requests(status) + 1
         )
-        step_s = max(status.iteration_time_s, status.decode_step_s)
+        if fitted_s is None:
+            step_s = max(status.iteration_time_s, status.decode_step_s)
+        else:
+            step_s = max(status.iteration_time_s, fitted_s)
+        if not math.isfinite(step_s):
+            return math.inf
         return predicted_lag_s(
-            step_s if fitted_s is None else fitted_s,
+            step_s,
             status.num_waiting_tokens + share.num_prompt_tokens,
             status.max_num_batched_tokens,
             kv_usage(status.num_hbm_blocks, status.num_free_hbm_blocks),
@@ -319,3 +333,8 @@ class WorkerDirectory:
             share.num_prompt_tokens = max(0, share.num_prompt_tokens - num_prompt_tokens)
             if share.num_requests == 0:  # one entry per worker with requests queued, no more
                 del self.queued[worker_id]
+
+
+def _restamped(old: WorkerStatus, new: WorkerStatus) -> bool:
+    """``new`` is ``old`` sent again with a new heartbeat time (a worker's cached status)."""
+    return replace(old, t_heartbeat_s=0.0) == replace(new, t_heartbeat_s=0.0)

@@ -18,14 +18,14 @@ def kv_usage(num_blocks: int, num_free: int) -> float:
 
 
 def predicted_lag_s(
-    iteration_time_s: float, num_queued_tokens: int, max_num_batched_tokens: int, hbm_usage: float
+    step_s: float, num_queued_tokens: int, max_num_batched_tokens: int, hbm_usage: float
 ) -> float:
     """How long a new request would wait on a worker: the iterations it takes to drain the
-    prompt tokens queued ahead of it, at its recent iteration time (an idle worker's: its
-    measured step time, never 0, or it drew every request of a burst), weighted up by HBM
+    prompt tokens queued ahead of it, at ``step_s`` a step (the caller's prediction; never
+    below 1 ms, or an idle worker's 0 drew every request of a burst), weighted up by HBM
     pressure (a full HBM pool admits by rotation, which is slower than into free blocks)."""
     iterations = 1.0 + num_queued_tokens / max(1, max_num_batched_tokens)
-    return max(iteration_time_s, 1e-3) * iterations * (1.0 + hbm_usage)
+    return max(step_s, 1e-3) * iterations * (1.0 + hbm_usage)
 
 
 def decode_step_s(base_s: float, per_request_s: float, num_requests: int) -> float | None:
@@ -46,6 +46,7 @@ def least_loaded(
     the least lag."""
     if not lags_s or len(lags_s) != len(num_requests):
         raise ValueError("one lag and one request count per worker, at least one worker")
+    lags_s = [lag_s if math.isfinite(lag_s) else math.inf for lag_s in lags_s]  # NaN: last
     bound_s = min(lags_s) * (1.0 + tolerance)
     near = [i for i, lag_s in enumerate(lags_s) if lag_s <= bound_s]
     return min(near, key=lambda i: (num_requests[i], lags_s[i]))

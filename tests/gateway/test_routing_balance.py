@@ -94,6 +94,38 @@ async def test_a_worker_left_idle_with_a_stale_step_time_draws_its_share(
     await redis_client.delete(streams.WORKERS_KEY)
 
 
+async def test_a_restamped_status_keeps_the_count_of_sends_a_rebuilt_one_restarts_it(
+    redis_client: Redis,
+) -> None:
+    """A worker sends its cached status again with each heartbeat and rebuilds it between
+    steps: a re-stamp reset the count, and the next 12 requests went 12/0 to a worker that
+    had 12 already."""
+    directory = await _directory(redis_client, [_idle("a", 0.005), _idle("b", 0.005)])
+    chosen, _ = _route(directory, 24)
+    assert chosen.count("a") == 12
+    a = directory.statuses["a"]
+    restamped = dataclasses.replace(a, t_heartbeat_s=a.t_heartbeat_s + 0.5)
+    await redis_client.hset(streams.WORKERS_KEY, "a", encode(restamped))
+    await directory.refresh()
+    chosen, _ = _route(directory, 12)
+    assert chosen.count("a") == chosen.count("b") == 6, chosen
+    rebuilt = dataclasses.replace(restamped, t_heartbeat_s=a.t_heartbeat_s + 1.0, num_waiting=18)
+    await redis_client.hset(streams.WORKERS_KEY, "a", encode(rebuilt))
+    await directory.refresh()  # a: 18 of its own count; b: 18 sent since its status
+    assert [directory.num_requests(s) for s in directory.routable()] == [18, 18]
+    await redis_client.delete(streams.WORKERS_KEY)
+
+
+async def test_a_worker_whose_status_is_not_a_number_ranks_last(redis_client: Redis) -> None:
+    nan = dataclasses.replace(_idle("nan", math.nan), decode_base_s=math.nan)
+    directory = await _directory(redis_client, [nan, _idle("ok", 0.005)])
+    chosen, _ = _route(directory, 4)
+    assert chosen == ["ok"] * 4  # routing goes on (a NaN lag first in line raised)
+    assert least_loaded([math.nan, 0.01], [0, 0]) == 1
+    assert least_loaded([math.nan, math.inf], [1, 0]) == 1  # no lag at all: fewest requests
+    await redis_client.delete(streams.WORKERS_KEY)
+
+
 async def test_a_worker_lagging_well_behind_draws_nothing_while_the_other_keeps_up(
     redis_client: Redis,
 ) -> None:

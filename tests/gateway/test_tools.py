@@ -138,13 +138,13 @@ def test_a_history_with_calls_and_tool_answers_is_rendered(served: Served) -> No
         odd = {**call, **({} if where else extra), "function": function}
         messages = [*history[:1], {**history[1], "tool_calls": [odd]}, history[2]]
         refused = httpx.post(url, json={**body, "messages": messages})
-        param = f"messages.1.tool_calls{where}.{next(iter(extra))}"
+        param = f"messages.1.tool_calls.0{where}.{next(iter(extra))}"
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param
     for role, field in (("user", {"tool_call_id": "call_1"}), ("tool", {"tool_calls": [call]})):
         messages = [{"role": role, "content": "x", **field}]
         refused = httpx.post(url, json={**body, "messages": messages})
         assert refused.status_code == 400, refused.text
-        assert next(iter(field)) in refused.json()["error"]["message"]
+        assert refused.json()["error"]["param"] == f"messages.0.{next(iter(field))}"
 
 
 def test_tool_choice_none_still_renders_the_tools(served: Served, client: OpenAI) -> None:
