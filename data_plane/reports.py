@@ -4,11 +4,12 @@ engine without touching Redis."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict
 
 import numpy as np
 
 from data_plane.engine.engine import Engine, StepResult
+from data_plane.kv.manager import PrefixCounters
 from data_plane.kv.tiered import KVCacheManager
 from data_plane.speed import SpeedMeter
 from shared.policy import RequestColumns, columns_from_views
@@ -77,6 +78,33 @@ def state_snapshot(
     )
 
 
+def _prefix_counts(prefix: PrefixCounters) -> dict[str, int]:
+    """vLLM's prefix-cache queries and hits, in tokens, hits per tier."""
+    return {
+        "num_prefix_queried_tokens": prefix.num_queried_tokens,
+        "num_prefix_hbm_hit_tokens": prefix.num_hbm_hit_tokens,
+        "num_prefix_dram_hit_tokens": prefix.num_dram_hit_tokens,
+    }
+
+
+class _SpeedFields(TypedDict):
+    prefill_tokens_per_s: float
+    decode_step_s: float
+    decode_base_s: float
+    decode_s_per_request: float
+
+
+def _speed(speed: SpeedMeter) -> _SpeedFields:
+    """The measured prefill rate, decode step and the decode step's fit to its batch size."""
+    decode_base_s, decode_s_per_request = speed.decode_fit.coefficients()
+    return {
+        "prefill_tokens_per_s": speed.prefill_tokens_per_s,
+        "decode_step_s": speed.decode_step_s,
+        "decode_base_s": decode_base_s,
+        "decode_s_per_request": decode_s_per_request,
+    }
+
+
 def worker_status(
     engine: Engine,
     identity: WorkerIdentity,
@@ -121,15 +149,10 @@ def worker_status(
         num_rotations_in=engine.stats.num_rotations_in,
         bytes_h2d=stats.num_blocks_loaded * block_bytes,
         bytes_d2h=stats.num_blocks_stored * block_bytes,
-        num_prefix_queried_tokens=stats.prefix.num_queried_tokens,
-        num_prefix_hbm_hit_tokens=stats.prefix.num_hbm_hit_tokens,
-        num_prefix_dram_hit_tokens=stats.prefix.num_dram_hit_tokens,
         num_cached_hbm_blocks=stats.num_cached_hbm_blocks,
         num_cached_dram_blocks=stats.num_cached_dram_blocks,
-        prefill_tokens_per_s=speed.prefill_tokens_per_s,
-        decode_step_s=speed.decode_step_s,
-        decode_base_s=speed.decode_fit.coefficients()[0],
-        decode_s_per_request=speed.decode_fit.coefficients()[1],
+        **_prefix_counts(stats.prefix),
+        **_speed(speed),
         b_xfer_blocks=kv.b_xfer_blocks,
         link_bytes_per_s=stats.link_bytes_per_s,
     )

@@ -108,13 +108,9 @@ class Worker:
         self._num_failed_steps = 0
         self.identity = WorkerIdentity(settings.worker_id, self.epoch, block_bytes)
         # The last step's snapshot and outputs on their way to Redis while the next step runs.
+        deltas = settings.snapshot_deltas
         self.outbox = Outbox(
-            redis,
-            self.replies,
-            planner,
-            engine.kv,
-            self.identity,
-            snapshot_deltas=settings.snapshot_deltas,
+            redis, self.replies, planner, engine.kv, self.identity, snapshot_deltas=deltas
         )
         self._status_cache = self._status(time.time())  # rebuilt between steps
 
