@@ -18,11 +18,11 @@ import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from gateway.admission_routes import admit_and_start, chat_prompt, tool_plan
 from gateway.choices import Choice, collect, usage
 from gateway.errors import APIError
 from gateway.generation import KEEPALIVE
 from gateway.logprobs_format import chat_content
-from gateway.openai_routes import admit_and_start, chat_prompt, tool_plan
 from gateway.response_store import Conversation
 from gateway.responses import as_responses_error, chat_request, stored_items
 from gateway.responses_models import ResponsesRequest, reject_unsupported_response_fields
