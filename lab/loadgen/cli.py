@@ -74,11 +74,25 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--model", default=None, help="model name to send (default: the first of /v1/models)")
     add("--tokenizer", default=None, help="model dir/file, tokenizer.json or tok*.bin")
     add("--trace", required=True, help="trace file (Azure/Mooncake/length-stats) or synthetic")
-    add("--rps", type=float, default=None, help="request rate (real traces: rescaled to it)")
+    add(
+        "--rps",
+        "--request-rate",  # vLLM's name
+        dest="rps",
+        type=float,
+        default=None,
+        help="request rate (real traces: rescaled to it)",
+    )
     add("--burstiness", type=float, default=1.0, help="gamma shape of generated gaps (1=Poisson)")
     span = parser.add_mutually_exclusive_group()
     span.add_argument("--duration", type=float, default=None, help="seconds of arrivals")
-    span.add_argument("--num-requests", type=int, default=None, help="first N requests")
+    span.add_argument(
+        "--num-requests",
+        "--num-prompts",  # vLLM's name
+        dest="num_requests",
+        type=_at_least_one,
+        default=None,
+        help="first N requests",
+    )
     add("--max-input-len", type=int, default=None, help="clip prompts to this many tokens")
     add("--max-output-len", type=int, default=None, help="clip outputs to this many tokens")
     add("--max-concurrency", type=_at_least_one, default=None, help="requests in flight at most")

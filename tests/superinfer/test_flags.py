@@ -115,3 +115,16 @@ def test_serve_takes_the_gateways_environment_unless_a_flag_is_given(
     )
     settings = _gateway_settings(given, "redis://x/0", "t" * 32)
     assert (settings.port, settings.served_model_name) == (9000, "flag")
+
+
+def test_bench_takes_vllms_names_and_refuses_no_requests(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`vllm bench serve`'s --request-rate and --num-prompts are ours; --num-requests 0 ran
+    nothing and printed 100 % attainment."""
+    base = ["bench", "--base-url", "http://127.0.0.1:1", "--trace", "synthetic:8:8"]
+    args = build_parser().parse_args([*base, "--request-rate", "4", "--num-prompts", "12"])
+    assert (args.rps, args.num_requests) == (4.0, 12)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*base, "--rps", "4", "--num-requests", "0"])
+    assert "--num-requests" in capsys.readouterr().err
