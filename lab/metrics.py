@@ -196,15 +196,26 @@ def slo_fields(summary: SloSummary) -> dict[str, float | None]:
     }
 
 
-def latency_stats_ms(name: str, values_s: Sequence[float]) -> dict[str, float | None]:
+def latency_stats_ms(
+    name: str, values_s: Sequence[float], percentiles: Sequence[float] = ()
+) -> dict[str, float | None]:
     """vLLM's ``mean_<name>_ms``, ``median_<name>_ms``, ``std_<name>_ms``, ``p99_<name>_ms``
-    of ``values_s`` (seconds in, milliseconds out; None for no values)."""
+    and ``p<P>_<name>_ms`` for each of ``percentiles`` (vLLM's ``--metric-percentiles``) of
+    ``values_s`` (seconds in, milliseconds out; None for no values)."""
+    stats = ["mean", "median", "std", *(percentile_key(p) for p in sorted({99.0, *percentiles}))]
     if len(values_s) == 0:
-        return {f"{stat}_{name}_ms": None for stat in ("mean", "median", "std", "p99")}
+        return {f"{stat}_{name}_ms": None for stat in stats}
     values_ms = np.asarray(values_s, dtype=np.float64) * 1000.0
-    return {
+    out: dict[str, float | None] = {
         f"mean_{name}_ms": float(np.mean(values_ms)),
         f"median_{name}_ms": float(np.median(values_ms)),
         f"std_{name}_ms": float(np.std(values_ms)),
-        f"p99_{name}_ms": float(np.percentile(values_ms, 99)),
     }
+    for p in sorted({99.0, *percentiles}):
+        out[f"{percentile_key(p)}_{name}_ms"] = float(np.percentile(values_ms, p))
+    return out
+
+
+def percentile_key(percentile: float) -> str:
+    """vLLM's name of a percentile: ``p99``, ``p99.9``."""
+    return f"p{int(percentile)}" if percentile == int(percentile) else f"p{percentile:g}"

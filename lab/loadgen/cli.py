@@ -26,6 +26,7 @@ from lab.loadgen.capacity import (
     report_capacity,
     search_capacity,
 )
+from lab.loadgen.console import parse_percentiles, print_percentiles, print_rows
 from lab.loadgen.core import (
     ENDPOINT_PATHS,
     ClientSettings,
@@ -48,7 +49,6 @@ from lab.loadgen.report import (
     json_text,
     parse_goodput,
     plot_bench,
-    print_rows,
     server_counters,
 )
 from lab.optional import check_plot
@@ -102,6 +102,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--ttft-slo", type=float, default=None, help="judge TTFT against this (s), all classes")
     add("--tbt-slo", type=float, default=None, help="judge TBT against this (s), all classes")
     add("--goodput", nargs="+", default=None, help="vLLM's goodput SLOs: ttft:MS tpot:MS e2el:MS")
+    add(
+        "--percentile-metrics",
+        default="ttft,tpot,itl",
+        help="vLLM's: the metrics whose --metric-percentiles are reported (ttft,tpot,itl,e2el)",
+    )
+    add("--metric-percentiles", default="99", help="vLLM's: percentiles reported, e.g. 50,90,99")
     add("--seed", type=int, default=0)
     add("--api-key", default=None)
     add(
@@ -249,6 +255,7 @@ class BenchOutcome:
 def run_bench(args: argparse.Namespace) -> BenchOutcome:
     """Discover, plan, run, report."""
     goodput_ms = parse_goodput(args.goodput)
+    percentiles = parse_percentiles(args.metric_percentiles, args.percentile_metrics)
     mix = parse_class_mix(args)
     root = normalize_base_url(args.base_url)
     server = asyncio.run(_discover(args))
@@ -271,7 +278,8 @@ def run_bench(args: argparse.Namespace) -> BenchOutcome:
     server_delta = counter_deltas(before, asyncio.run(_scrape(root)))
     ctx = RowContext(
         slos, run.duration_s, _offered_rps(args, planned),
-        server_delta.get("policy") or "unknown", goodput_ms, server_delta,
+        server_delta.get("policy") or "unknown", goodput_ms, server=server_delta,
+        percentiles=percentiles[0], percentile_metrics=percentiles[1],
     )  # fmt: skip
     config = {key: value for key, value in vars(args).items() if key not in ("func", "api_key")} | {
         "model": server.model,
@@ -322,6 +330,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     rows = document["results"]
     overall = rows[0]
     print_rows(rows, title=f"{document['config']['model']} @ {args.base_url} ({overall['policy']})")
+    print_percentiles(overall, *parse_percentiles(args.metric_percentiles, args.percentile_metrics))
     print(
         f"client lag: dispatch p99 {overall['client_dispatch_lag_p99_ms'] or 0.0:.2f} ms, "
         f"event loop p99 {overall['client_loop_lag_p99_ms'] or 0.0:.2f} ms"

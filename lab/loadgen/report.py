@@ -18,7 +18,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,13 @@ class RowContext:
     policy: str
     goodput_ms: dict[str, float] | None = None  # --goodput: ttft/tpot/e2el thresholds in ms
     server: dict[str, Any] | None = None  # counter deltas from /metrics
+    # vLLM's --metric-percentiles of its --percentile-metrics (p99 of every metric always)
+    percentiles: tuple[float, ...] = ()
+    percentile_metrics: tuple[str, ...] = ("ttft", "tpot", "itl")
+
+    def of(self, metric: str) -> tuple[float, ...]:
+        """The percentiles reported of ``metric``."""
+        return self.percentiles if metric in self.percentile_metrics else ()
 
 
 def parse_goodput(items: Sequence[str] | None) -> dict[str, float] | None:
@@ -120,11 +127,11 @@ def vllm_fields(records: Sequence[RequestRecord], ctx: RowContext) -> dict[str, 
         "output_throughput": num_out / duration if duration > 0 else 0.0,
         "total_token_throughput": (num_in + num_out) / duration if duration > 0 else 0.0,
         **latency_stats_ms(
-            "ttft", [r.event_times_s[0] - r.sent_s for r in done if r.event_times_s]
+            "ttft", [r.event_times_s[0] - r.sent_s for r in done if r.event_times_s], ctx.of("ttft")
         ),
-        **latency_stats_ms("tpot", tpots),
-        **latency_stats_ms("itl", itls),
-        **latency_stats_ms("e2el", [r.end_s - r.sent_s for r in done]),
+        **latency_stats_ms("tpot", tpots, ctx.of("tpot")),
+        **latency_stats_ms("itl", itls, ctx.of("itl")),
+        **latency_stats_ms("e2el", [r.end_s - r.sent_s for r in done], ctx.of("e2el")),
     }
 
 
@@ -162,7 +169,7 @@ def bench_rows(run: RunResult, ctx: RowContext, client_lag: dict[str, float | No
     for name in classes:
         subset = [r for r in run.records if r.slo_class == name]
         rps = None if ctx.rps is None else ctx.rps * len(subset) / len(run.records)
-        class_ctx = RowContext(ctx.slos, ctx.duration_s, rps, ctx.policy, ctx.goodput_ms)
+        class_ctx = replace(ctx, rps=rps, server=None)
         rows.append({**bench_row(subset, class_ctx, name), **client_lag})
     return rows
 
@@ -270,44 +277,6 @@ def counter_deltas(before: dict[str, Any] | None, after: dict[str, Any] | None) 
 
 
 # ---- tables and plots ------------------------------------------------------------------
-
-
-def print_rows(rows: Sequence[dict[str, Any]], title: str | None = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    headings = ["class", "done", "failed", "req/s", "out tok/s", "TTFT %", "TBT %", "TPOT %"]
-    headings += ["goodput", "TTFT mean/p50/p99 ms", "TPOT mean/p99 ms", "ITL p99 ms", "E2EL p99 ms"]
-    for heading in headings:
-        table.add_column(heading, justify="right")
-    for r in rows:
-        table.add_row(
-            r["slo_class"] or "all",
-            str(r["completed"]),
-            str(r["failed"]),
-            f"{r['request_throughput']:.2f}",
-            f"{r['output_throughput']:.1f}",
-            f"{100 * r['ttft_attainment']:.1f}",
-            f"{100 * r['tbt_attainment']:.1f}",
-            f"{100 * r['tpot_attainment']:.1f}",
-            _goodput(r),
-            "/".join(_ms(r[f"{s}_ttft_ms"]) for s in ("mean", "median", "p99")),
-            "/".join(_ms(r[f"{s}_tpot_ms"]) for s in ("mean", "p99")),
-            _ms(r["p99_itl_ms"]),
-            _ms(r["p99_e2el_ms"]),
-        )
-    Console(width=max(150, Console().width)).print(table)
-
-
-def _goodput(row: dict[str, Any]) -> str:
-    """Requests/s within the SLOs: ``--goodput``'s (vLLM's) when given, else the classes'."""
-    good = row.get("request_goodput")
-    return f"{row['goodput_rps']:.2f}" if good is None else f"{good:.2f} (--goodput)"
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}" if value >= 100 else f"{value:.1f}"
 
 
 def attainment_windows(

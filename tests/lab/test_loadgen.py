@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from lab.loadgen.console import parse_percentiles
 from lab.loadgen.core import RequestRecord, RunResult, apply_event
 from lab.loadgen.prompts import PromptBuilder, plan_requests
 from lab.loadgen.report import (
@@ -94,6 +95,21 @@ def test_run_row_known_answers() -> None:
     assert row["num_input_len_mismatch"] == 1
     assert row["preemptions"] == 3 and row["rotations"] is None
     assert row["client_loop_lag_max_ms"] == pytest.approx(3.0)
+
+
+def test_vllms_percentile_flags() -> None:
+    """--metric-percentiles 50 of --percentile-metrics ttft,e2el: in every row (per class too),
+    of those metrics only; what is no percentile or no metric is refused naming its flag."""
+    percentiles = parse_percentiles("50", "ttft,e2el")
+    ctx = RowContext(SLOS, 10.0, 0.4, "lvf", None, None, *percentiles)
+    for row in bench_rows(RUN, ctx, client_lag_fields(RUN)):
+        assert "p50_ttft_ms" in row and "p50_e2el_ms" in row and "p50_tpot_ms" not in row
+    overall = bench_rows(RUN, ctx, client_lag_fields(RUN))[0]
+    assert overall["p50_ttft_ms"] == pytest.approx(1000)  # TTFTs 1.0, 0.5, 2.0 s
+    for bad, flag in ((("0", "ttft"), "--metric-percentiles"), (("x", "ttft"), "--metric-"),
+                      (("99", "ttfb"), "--percentile-metrics")):  # fmt: skip
+        with pytest.raises(ValueError, match=flag):
+            parse_percentiles(*bad)
 
 
 def test_per_class_rows() -> None:

@@ -126,3 +126,13 @@ def test_latency_stats_in_vllm_names() -> None:
     assert latency_stats_ms("itl", []) == dict.fromkeys(
         ("mean_itl_ms", "median_itl_ms", "std_itl_ms", "p99_itl_ms")
     )
+
+
+def test_vllms_metric_percentiles_by_hand() -> None:
+    """1..100 ms: linear interpolation between closest ranks (numpy's and vLLM's)."""
+    stats = latency_stats_ms("ttft", [i / 1000 for i in range(1, 101)], (50, 90, 99.9))
+    assert stats["p50_ttft_ms"] == pytest.approx(50.5)  # rank 49.5
+    assert stats["p90_ttft_ms"] == pytest.approx(90.1)  # rank 89.1
+    assert stats["p99.9_ttft_ms"] == pytest.approx(99.901)  # rank 98.901
+    assert stats["p99_ttft_ms"] == pytest.approx(99.01)  # always there (the table shows it)
+    assert latency_stats_ms("itl", [], (50,))["p50_itl_ms"] is None
