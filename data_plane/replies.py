@@ -189,17 +189,30 @@ def _refused_for_now(result: Any) -> bool:
 
 
 def _encoded(batches: dict[str, list[TokenOutput]]) -> dict[str, list[bytes]]:
-    """Each batch encoded, in messages of at most ``MAX_OUTPUTS_PER_MESSAGE`` outputs; one
-    that cannot be (a bug upstream) is dropped, logged."""
+    """Each batch encoded, in messages of at most ``MAX_OUTPUTS_PER_MESSAGE`` outputs, an
+    output with its prompt's log-probabilities in a message of its own (the decoders' limits,
+    ``OUTPUT_LIMITS``, hold one such output); one that cannot be (a bug upstream) is dropped,
+    logged."""
     encoded = {}
-    step = MAX_OUTPUTS_PER_MESSAGE
     for stream, batch in batches.items():
         try:
-            chunks = [batch[i : i + step] for i in range(0, len(batch), step)]
-            encoded[stream] = [encode(TokenOutputs(chunk)) for chunk in chunks]
+            encoded[stream] = [encode(TokenOutputs(chunk)) for chunk in _messages(batch)]
         except (TypeError, ValueError) as exc:
             log.error("outputs_not_encodable", stream=stream, error=repr(exc))
     return encoded
+
+
+def _messages(batch: list[TokenOutput]) -> list[list[TokenOutput]]:
+    """``batch`` in order, cut into messages (:func:`_encoded`)."""
+    messages: list[list[TokenOutput]] = [[]]
+    for output in batch:
+        alone = output.prompt_logprobs is not None
+        if messages[-1] and (alone or len(messages[-1]) >= MAX_OUTPUTS_PER_MESSAGE):
+            messages.append([])
+        messages[-1].append(output)
+        if alone:
+            messages.append([])
+    return [message for message in messages if message]
 
 
 def _merged(

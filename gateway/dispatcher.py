@@ -33,6 +33,7 @@ from shared.protocol import (
     encode,
 )
 from shared.protocol.convert import stream_messages
+from shared.protocol.limits import OUTPUT_LIMITS
 from shared.runtime import loop_with_backoff
 
 log = structlog.get_logger(__name__)
@@ -211,7 +212,8 @@ class Dispatcher:
         raw = await self._reader.execute(*args)
         self._t_failing_s = None
         response: Any = self.redis.response_callbacks["XREAD"](raw)
-        for entry_id, batch in stream_messages(response, TokenOutputs, "malformed_output_message"):
+        outputs = stream_messages(response, TokenOutputs, "malformed_output_message", OUTPUT_LIMITS)
+        for entry_id, batch in outputs:
             self._last_id = entry_id
             if batch is None:
                 self.num_malformed += 1

@@ -16,7 +16,7 @@ from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from gateway.tenancy import Caller, served_class, served_priority
 from shared.grammar import grammar_problem
-from shared.protocol.limits import MAX_SPEC_BYTES
+from shared.protocol.limits import MAX_PROMPT_LOGPROBS_TOKENS, MAX_SPEC_BYTES
 from shared.sampling import SamplingParams, StructuredOutput
 
 
@@ -40,6 +40,11 @@ def generation_params(
     prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
     max_tokens = _max_tokens(max_tokens, len(prompt_ids), max_model_len, prompt_param)
     sampling = sampling_params(body, max_tokens, state.settings, tool_structured)
+    if sampling.prompt_logprobs is not None and len(prompt_ids) > MAX_PROMPT_LOGPROBS_TOKENS:
+        param = "echo" if body.prompt_logprobs is None else "prompt_logprobs"
+        message = "the prompt's log-probabilities are served for at most "
+        message += f"{MAX_PROMPT_LOGPROBS_TOKENS} prompt tokens; this prompt has {len(prompt_ids)}"
+        raise APIError(400, message, param=param)
     state.prompts.check_ids(list(sampling.logit_bias_ids), "logit_bias")
     state.prompts.check_ids(list(sampling.stop_token_ids), "stop_token_ids")
     return GenerationParams(

@@ -20,6 +20,7 @@ from shared.policy.columns import (
 )
 from shared.policy.types import RequestState
 from shared.protocol.codec import ProtocolError, decode
+from shared.protocol.limits import DEFAULT_LIMITS, Limits
 from shared.protocol.table import TABLE_COLUMNS, RequestRow, RequestTable
 
 log = structlog.get_logger(__name__)
@@ -131,13 +132,16 @@ def rows_from_table(table: RequestTable) -> list[RequestRow]:
     return rows
 
 
-def stream_messages(response: Any, expected: type[T], event: str) -> Iterator[tuple[Any, T | None]]:
-    """(entry id, message) for each entry of an XREAD/XREADGROUP response; a malformed entry
-    is logged under ``event`` and yields None (the caller counts or acknowledges it)."""
+def stream_messages(
+    response: Any, expected: type[T], event: str, limits: Limits = DEFAULT_LIMITS
+) -> Iterator[tuple[Any, T | None]]:
+    """(entry id, message) for each entry of an XREAD/XREADGROUP response, decoded within
+    ``limits``; a malformed entry is logged under ``event`` and yields None (the caller counts
+    or acknowledges it)."""
     for _, entries in response or []:
         for entry_id, fields in entries:
             try:
-                yield entry_id, decode(fields.get(b"m", b""), expected)
+                yield entry_id, decode(fields.get(b"m", b""), expected, limits)
             except ProtocolError as exc:
                 log.error(event, entry_id=entry_id, error=str(exc))
                 yield entry_id, None

@@ -22,6 +22,8 @@ from typing import Any
 
 import msgpack
 
+from shared.logprobs import MAX_LOGPROBS
+
 BYTES_PER_TOKEN = 5  # a token id < 2**32 packs in at most 5 bytes (uint32)
 BYTES_PER_BIAS = BYTES_PER_TOKEN + 9  # a logit_bias entry: its id and its value (float64)
 OTHER_FIELDS_BYTES = 64 * 1024  # a message's fields beside its token lists and spec: ids, ...
@@ -66,8 +68,22 @@ class Limits:
         )
 
 
-# Every other stream and key: outputs, plans, snapshots, worker statuses.
+# Every other stream and key: plans, snapshots, worker statuses.
 DEFAULT_LIMITS = Limits(max_bytes=8 * 1024 * 1024, max_array_len=65_536, max_items=131_072)
+# The most prompt positions whose log-probabilities one request may ask for (a gateway refuses
+# more with a 400 naming prompt_logprobs); with MAX_LOGPROBS each, one output is then ~33 MB.
+MAX_PROMPT_LOGPROBS_TOKENS = 131_072
+_LOGPROB_POSITION_ITEMS = 2 * (MAX_LOGPROBS + 2)  # its logprob, rank, two top lists
+_LOGPROB_POSITION_BYTES = 9 * (MAX_LOGPROBS + 1) + 5 * (MAX_LOGPROBS + 1) + 4  # floats, ids
+# A reply stream's messages: 1,024 small outputs, or one output with its prompt's
+# log-probabilities alone (data_plane/replies.py puts each such output in its own message).
+# Under DEFAULT_LIMITS an 8,000-token prompt with prompt_logprobs 20 made a message no gateway
+# could decode: it was dropped, and the other requests in it failed (502 lost_output).
+OUTPUT_LIMITS = Limits(
+    max_bytes=DEFAULT_LIMITS.max_bytes + MAX_PROMPT_LOGPROBS_TOKENS * _LOGPROB_POSITION_BYTES,
+    max_array_len=max(DEFAULT_LIMITS.max_array_len, MAX_PROMPT_LOGPROBS_TOKENS + 1),
+    max_items=DEFAULT_LIMITS.max_items + MAX_PROMPT_LOGPROBS_TOKENS * _LOGPROB_POSITION_ITEMS,
+)
 
 
 class LimitExceeded(ValueError):

@@ -22,8 +22,10 @@ from data_plane.replies import MAX_UNSENT_OUTPUTS, Replies, _still_unsent
 from data_plane.reports import WorkerIdentity
 from data_plane.service import Worker
 from shared import streams
+from shared.logprobs import TokenLogprobs
 from shared.protocol import DEFAULT_LIMITS, TokenOutput, TokenOutputs, decode
-from shared.protocol.limits import MAX_ERROR_CHARS, MAX_OUTPUTS_PER_MESSAGE
+from shared.protocol.convert import stream_messages
+from shared.protocol.limits import MAX_ERROR_CHARS, MAX_OUTPUTS_PER_MESSAGE, OUTPUT_LIMITS
 
 GW_A = "superinfer:gateway:a:outputs"
 GW_B = "superinfer:gateway:b:outputs"
@@ -338,3 +340,36 @@ async def test_a_refusal_and_an_orphan(redis_client: Redis) -> None:
     lifecycle = await redis_client.hgetall(streams.request_lifecycle_key("r1"))
     assert lifecycle[b"orphaned"] == b"1" and lifecycle[b"finish_reason"] == b"abort"
     await redis_client.delete(GW_B)
+
+
+async def test_an_output_with_its_prompts_logprobs_goes_alone_and_decodes(
+    redis_client: Redis,
+) -> None:
+    """An 8,000-token prompt with prompt_logprobs 20 made a message past the gateway's limits:
+    dropped whole, and the requests beside it in the message failed (502 lost_output)."""
+    num_positions, top = 8000, 20
+    big = TokenLogprobs(
+        [-1.0] * num_positions,
+        [1] * num_positions,
+        [list(range(top))] * num_positions,
+        [[-0.5] * top] * num_positions,
+    )
+    replies = Replies()
+    for request_id in ("r1", "r2", "r3"):
+        replies.admit(request_id, GW_A, {"worker_id": "w0"})
+    await replies.send(
+        redis_client,
+        [
+            RequestOutput("r1", [5], 1),
+            RequestOutput("r2", [6], 1, prompt_logprobs=big),
+            RequestOutput("r3", [7], 1),
+        ],
+    )
+    response = await redis_client.xread({GW_A: "0-0"})
+    messages = [m for _, m in stream_messages(response, TokenOutputs, "bad", OUTPUT_LIMITS)]
+    assert [[o.request_id for o in m.outputs] for m in messages if m] == [["r1"], ["r2"], ["r3"]]
+    (alone,) = messages[1].outputs if messages[1] else ()
+    assert alone.prompt_logprobs is not None and len(alone.prompt_logprobs) == num_positions
+    before = [m for _, m in stream_messages(response, TokenOutputs, "bad", DEFAULT_LIMITS)]
+    assert before[1] is None  # the limits the gateway read with before
+    await redis_client.delete(GW_A)
