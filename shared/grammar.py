@@ -46,12 +46,36 @@ def build_grammar(structured: StructuredOutput) -> Any:
 
 @functools.lru_cache(maxsize=256)
 def grammar_problem(structured: StructuredOutput) -> str | None:
-    """Why ``structured`` does not compile (None: it does); the last 256 answers kept."""
+    """Why ``structured`` cannot be served (None: it can): it does not compile, or it matches
+    no string at all (``root ::= root root``: every token masked, the sampler drew what the
+    grammar refused); the last 256 answers kept."""
     try:
-        build_grammar(structured)
+        grammar = build_grammar(structured)
     except GrammarError as exc:
         return str(exc)
+    if _matches_nothing(grammar):
+        return f"the {structured.kind} structured output matches no string"
     return None
+
+
+def _matches_nothing(grammar: Any) -> bool:
+    """Whether no byte can start a string of ``grammar`` and the empty string is not one of
+    them (compiled for a vocabulary of the 256 bytes and an end token: milliseconds)."""
+    import xgrammar
+
+    compiled = _byte_compiler().compile_grammar(grammar)
+    bitmask = xgrammar.allocate_token_bitmask(1, 257)
+    xgrammar.GrammarMatcher(compiled).fill_next_token_bitmask(bitmask)
+    return not bool(bitmask.any())
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_compiler() -> Any:
+    import xgrammar
+
+    vocab = [bytes([value]) for value in range(256)] + [b"<end>"]
+    info = xgrammar.TokenizerInfo(vocab, xgrammar.VocabType.RAW, stop_token_ids=[256])
+    return xgrammar.GrammarCompiler(info, cache_enabled=False)
 
 
 def _ebnf_string(text: str) -> str:

@@ -117,6 +117,9 @@ def test_vllm_fields_and_streaming(served: Served, client: OpenAI) -> None:
          "structured_outputs.whitespace_pattern"),
         ({"structured_outputs": {"regex": "a", "disable_any_whitespace": "yes"}},
          "structured_outputs.disable_any_whitespace"),
+        ({"structured_outputs": {"grammar": "root ::= root root"}},  # matches nothing
+         "structured_outputs"),
+        ({"guided_grammar": "root ::= root root"}, "guided_grammar"),
     ],
 )  # fmt: skip
 def test_what_cannot_be_served_is_a_400(served: Served, extra: dict[str, Any], param: Any) -> None:
