@@ -77,6 +77,7 @@ def to_policy_snapshot(
         b_xfer_blocks=b_xfer_blocks,
         iteration=msg.iteration,
         tenant_service=tuple(msg.tenant_service),
+        long_prefill_token_threshold=msg.long_prefill_token_threshold,
     )
 
 

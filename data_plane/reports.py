@@ -75,6 +75,7 @@ def state_snapshot(
         plan_source=plan_source,
         lvf_min_residency_s=lvf_min_residency_s,
         tenant_service=list(snapshot.tenant_service),
+        long_prefill_token_threshold=snapshot.long_prefill_token_threshold,
     )
 
 

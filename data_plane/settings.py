@@ -43,6 +43,9 @@ class WorkerSettings(BaseSettings):
     num_hbm_blocks: int | None = Field(default=None, ge=1)
     num_dram_blocks: int | None = Field(default=None, ge=0)
     max_num_batched_tokens: int = Field(default=2048, ge=1)
+    # vLLM's --long-prefill-token-threshold: the most tokens one prefill chunk takes (0: up to
+    # the whole budget); a long prompt then leaves room for the prompts behind it.
+    long_prefill_token_threshold: int = Field(default=0, ge=0)
     max_num_seqs: int = Field(default=256, ge=1)
     # auto: cuda on a CUDA device with cuda-python, else cpu
     transfer_backend: Literal["auto", "cpu", "cuda", "naive"] = "auto"

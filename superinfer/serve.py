@@ -48,6 +48,7 @@ WORKER_MODEL_FIELDS = (
     "num_hbm_blocks",
     "num_dram_blocks",
     "max_num_batched_tokens",
+    "long_prefill_token_threshold",
     "enable_prefix_caching",
     "dram_prefix_caching",
     "max_num_seqs",

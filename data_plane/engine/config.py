@@ -15,6 +15,7 @@ class EngineConfig:
     dram_kv_gib: float = 0.0
     pin_chunk_gib: float = 1.0  # host pool pinned this much at a time, in the background
     max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int = 0  # the most tokens one prefill chunk takes (0: none)
     max_num_seqs: int = 256
     max_model_len: int | None = None  # None: the model's, capped by the pool (sizing.py)
     transfer_backend: str = "auto"  # auto | cpu | cuda | naive (data_plane.transfer)
@@ -28,6 +29,9 @@ class EngineConfig:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        if self.long_prefill_token_threshold < 0:
+            message = "long_prefill_token_threshold must be >= 0, got "
+            raise ValueError(message + str(self.long_prefill_token_threshold))
         utilization = self.gpu_memory_utilization
         if utilization is not None and not 0 < utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")

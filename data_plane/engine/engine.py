@@ -87,6 +87,7 @@ class Engine:
         columnar: bool = False,
         keep_columns: bool = False,
         grammars: Grammars | None = None,
+        long_prefill_token_threshold: int = 0,
     ) -> None:
         """``columnar``: give the planner :class:`ColumnarSnapshot` (for the columnar LVF)
         instead of views. ``keep_columns``: return each iteration's snapshot as columns too
@@ -97,6 +98,7 @@ class Engine:
         self.planner = planner
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
+        self.long_prefill_token_threshold = long_prefill_token_threshold  # vLLM's: 0 is none
         # a request's KV must fit the HBM pool to run at all: one that grew past it could
         # never come back from DRAM (and, rotary at the head of L, would hold the room forever)
         self.max_model_len = min(max_model_len, kv.num_hbm_blocks * kv.block_size + 1)
@@ -279,6 +281,7 @@ class Engine:
             "block_size": self.kv.block_size,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "max_num_seqs": self.max_num_seqs,
+            "long_prefill_token_threshold": self.long_prefill_token_threshold,
             "b_xfer_blocks": self.kv.b_xfer_available,
             "iteration": self.stats.num_iterations,
         }

@@ -106,6 +106,7 @@ def build_engine(
         planner=serving.planner if serving else lambda snapshot: make_plan(snapshot, knobs),
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs,
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
         max_model_len=max_model_len,
         eos_token_ids=model_cfg.eos_token_ids,
         tokenizer=None if serving else loaded.tokenizer,

@@ -121,6 +121,7 @@ class ColumnarSnapshot:
     b_xfer_blocks: int = 0
     iteration: int = 0
     tenant_service: tuple[float, ...] = ()  # as Snapshot's
+    long_prefill_token_threshold: int = 0  # as Snapshot's
 
 
 def _check_column_fields() -> None:
@@ -215,6 +216,7 @@ def columnar_from_snapshot(snapshot: Snapshot) -> ColumnarSnapshot:
         b_xfer_blocks=snapshot.b_xfer_blocks,
         iteration=snapshot.iteration,
         tenant_service=snapshot.tenant_service,
+        long_prefill_token_threshold=snapshot.long_prefill_token_threshold,
     )
 
 
@@ -230,4 +232,5 @@ def snapshot_from_columnar(snapshot: ColumnarSnapshot) -> Snapshot:
         b_xfer_blocks=snapshot.b_xfer_blocks,
         iteration=snapshot.iteration,
         tenant_service=snapshot.tenant_service,
+        long_prefill_token_threshold=snapshot.long_prefill_token_threshold,
     )

@@ -86,6 +86,8 @@ def running_growth(snapshot: ColumnarSnapshot, running: Ints) -> Ints:
     if len(prefill) and budget and seats:
         prefill = prefill[:seats]
         wanted = pending[prefill]
+        if snapshot.long_prefill_token_threshold > 0:
+            wanted = np.minimum(wanted, snapshot.long_prefill_token_threshold)
         before = np.cumsum(wanted) - wanted
         num_tokens[prefill] = np.clip(budget - before, 0, wanted)
     need = -(-(computed + num_tokens) // bs) - held
@@ -198,6 +200,7 @@ def join_and_pack(
         snapshot.max_num_batched_tokens,
         snapshot.max_num_seqs,
         max(0, free),
+        snapshot.long_prefill_token_threshold,
     )
     admitted = EMPTY
     if len(joining):

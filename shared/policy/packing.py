@@ -82,13 +82,15 @@ def pack_columns(
     max_num_batched_tokens: int,
     max_num_seqs: int,
     num_free_blocks: int,
+    long_prefill_token_threshold: int = 0,
 ) -> tuple[Ints, list[int]]:
     """Pack the requests ``order`` (indices into ``columns``) into one batch: decodes first,
     then prefill chunks, each group in ``order``, within the token budget, ``max_num_seqs``
     and ``num_free_blocks`` new blocks. A prefill chunk shrinks to the tokens its blocks can
-    hold; a request that cannot get a token in is skipped (the rest are still tried); one
-    whose KV is not resident yet sits this iteration out. Returns (the scheduled requests'
-    indices, their token counts), in batch order."""
+    hold and to ``long_prefill_token_threshold`` (when > 0: vLLM's cap, so one long prompt
+    leaves room for those behind it); a request that cannot get a token in is skipped (the
+    rest are still tried); one whose KV is not resident yet sits this iteration out. Returns
+    (the scheduled requests' indices, their token counts), in batch order."""
     budget, seats = max_num_batched_tokens, max_num_seqs
     cap = min(seats, budget)
     if cap <= 0 or not len(order):
@@ -108,8 +110,9 @@ def pack_columns(
         seats -= len(scheduled)
         budget -= len(scheduled)
     prefills = order[~is_decode & (pending > 0)]
+    room = (budget, seats, num_free_blocks)
     chunk_ids, chunk_tokens = _pack_prefills(
-        columns, prefills, block_size, budget, seats, num_free_blocks
+        columns, prefills, block_size, room, long_prefill_token_threshold
     )
     tokens = [1] * len(scheduled) + chunk_tokens
     return np.concatenate((scheduled, np.array(chunk_ids, dtype=np.int64))), tokens
@@ -136,14 +139,16 @@ def _pack_prefills(
     columns: RequestColumns,
     prefills: Ints,
     block_size: int,
-    budget: int,
-    seats: int,
-    num_free: int,
+    room: tuple[int, int, int],
+    max_chunk: int,
 ) -> tuple[list[int], list[int]]:
     """Prefill chunks in order, each shrunk to what its blocks can hold; a request that gets
     no token (or whose KV is not resident) is skipped. Rows are read into Python in slices
     (the budget usually runs out long before the list does) while blocks are free; once
-    none is, the rest is packed column-wise (:func:`_pack_without_free_blocks`)."""
+    none is, the rest is packed column-wise (:func:`_pack_without_free_blocks`). ``room``:
+    the token budget, seats and free blocks left; ``max_chunk``: a chunk's cap (0: none)."""
+    budget, seats, num_free = room
+    cap = max_chunk if max_chunk > 0 else budget
     chunk_ids: list[int] = []
     chunk_tokens: list[int] = []
     start = 0
@@ -165,7 +170,9 @@ def _pack_prefills(
             if num_free <= 0:
                 start += at - len(rows)  # the rest goes column-wise
                 break
-            num_new = min(num_tokens - computed, budget, (held + num_free) * block_size - computed)
+            num_new = min(
+                num_tokens - computed, budget, cap, (held + num_free) * block_size - computed
+            )
             if num_new <= 0 or not resident:
                 continue
             num_free -= max(0, -(-(computed + num_new) // block_size) - held)
@@ -175,7 +182,7 @@ def _pack_prefills(
             seats -= 1
     if start < len(prefills) and seats > 0 and budget > 0:
         rest_ids, rest_tokens = _pack_without_free_blocks(
-            columns, prefills[start:], block_size, budget, seats
+            columns, prefills[start:], block_size, budget, seats, cap
         )
         chunk_ids += rest_ids
         chunk_tokens += rest_tokens
@@ -183,16 +190,17 @@ def _pack_prefills(
 
 
 def _pack_without_free_blocks(
-    columns: RequestColumns, prefills: Ints, block_size: int, budget: int, seats: int
+    columns: RequestColumns, prefills: Ints, block_size: int, budget: int, seats: int, cap: int
 ) -> tuple[list[int], list[int]]:
-    """With no free block a prefill gets min(pending, room in its own blocks, budget left)
-    tokens and takes no block, so who gets how much follows from a cumulative sum: every
+    """With no free block a prefill gets min(pending, room in its own blocks, ``cap``, budget
+    left) tokens and takes no block, so who gets how much follows from a cumulative sum: every
     resident request with room, in order, while seats last and the budget before it is > 0."""
     computed = columns.num_computed_tokens[prefills]
     room = columns.num_blocks_hbm[prefills] * block_size - computed
     usable = (room > 0) & columns.resident[prefills]
     rows = prefills[usable][:seats]
     wanted = np.minimum(columns.num_tokens[rows] - computed[usable][:seats], room[usable][:seats])
+    wanted = np.minimum(wanted, cap)
     before = np.cumsum(wanted) - wanted  # budget the rows before each one took
     count = int(np.searchsorted(before, budget, side="left"))
     tokens = np.minimum(wanted[:count], budget - before[:count])

@@ -150,6 +150,9 @@ class Snapshot:
     # Tokens computed for each tenant over the recent past (exponentially decayed), indexed
     # by the requests' ``tenant``: what per-tenant fairness reads (shared/policy/fairness.py).
     tenant_service: tuple[float, ...] = ()
+    # vLLM's long_prefill_token_threshold: the most tokens one prefill chunk takes (0: the
+    # whole budget), so that a long prompt leaves room for the prompts behind it.
+    long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
         if self.partition is not None:

@@ -90,7 +90,7 @@ def _schedule_running(
         rid = view.request_id
         if rid in gone or not view.resident or len(grown) >= snapshot.max_num_seqs:
             continue
-        num_new = min(view.num_tokens - view.num_computed_tokens, budget)
+        num_new = min(view.num_tokens - view.num_computed_tokens, budget, _cap(snapshot))
         if num_new <= 0:
             continue
         need = max(0, -(-(view.num_computed_tokens + num_new) // bs) - view.num_blocks_hbm)
@@ -109,6 +109,12 @@ def _schedule_running(
         grown[rid] = (need, num_new)
     plan.schedule = [ScheduledChunk(rid, tokens) for rid, (_, tokens) in grown.items()]
     return free
+
+
+def _cap(snapshot: Snapshot) -> int:
+    """The most tokens one chunk takes: V1's ``long_prefill_token_threshold`` (0: none)."""
+    threshold = snapshot.long_prefill_token_threshold
+    return threshold if threshold > 0 else snapshot.max_num_batched_tokens
 
 
 def _swap_instead_of_recompute(snapshot: Snapshot, plan: Plan) -> None:
@@ -139,6 +145,7 @@ def _swap_instead_of_recompute(snapshot: Snapshot, plan: Plan) -> None:
             snapshot.max_num_batched_tokens,
             snapshot.max_num_seqs,
             free,
+            snapshot.long_prefill_token_threshold,
         )
         plan.schedule = make_chunks(pick_ids(batch.request_ids, rows), tokens)
 
@@ -172,7 +179,7 @@ def _admit_waiting(
     for view in waiting:
         if budget <= 0 or num_seqs >= snapshot.max_num_seqs:
             break
-        num_new = min(view.num_tokens - view.num_computed_tokens, budget)
+        num_new = min(view.num_tokens - view.num_computed_tokens, budget, _cap(snapshot))
         end = view.num_computed_tokens + num_new
         need = max(0, -(-end // snapshot.block_size) - view.num_blocks_hbm)
         if need > free or num_new <= 0 or not view.resident:

@@ -35,7 +35,8 @@ SCHEMA_VERSION = 16  # 2: columnar RequestTable snapshots; 3: TokenOutput.error_
 # (b_xfer_blocks, link_bytes_per_s), for /metrics; TokenOutput.error_param names the field a
 # worker refused a request for; 15: TokenOutput.num_cached_tokens (prompt tokens served from
 # the prefix cache, on the first token's message); 16: WorkerStatus carries the decode step's
-# fit to its batch size (decode_base_s, decode_s_per_request), for routing. A new message kind
+# fit to its batch size (decode_base_s, decode_s_per_request), for routing, and snapshots the
+# worker's cap on a prefill chunk (StateSnapshot.long_prefill_token_threshold). A new message kind
 # (AbortReplyStream) keeps the version: no message changed, and a worker that does not know it
 # logs and skips it.
 T = TypeVar("T")

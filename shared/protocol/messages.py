@@ -96,6 +96,7 @@ _SNAPSHOT_COUNTS = (
     "max_num_seqs",
     "b_xfer_blocks",
     "b_xfer_queued_blocks",
+    "long_prefill_token_threshold",
 )
 # tenant indexes a worker keeps, 0 (none) included (data_plane/engine/tenants.py)
 MAX_TENANTS = 4096
@@ -133,6 +134,7 @@ class StateSnapshot:
     # Rotation copies queued on the worker: they use up the next budgets, so a plan may move
     # max(0, B_xfer - these) blocks (the input the worker's own LVF gets).
     b_xfer_queued_blocks: int = 0
+    long_prefill_token_threshold: int = 0  # the worker's cap on one prefill chunk (0: none)
 
     def __post_init__(self) -> None:
         if self.delta is not None:

@@ -11,7 +11,7 @@ from data_plane.engine.config import EngineConfig
 from data_plane.engine.llm import build_engine, generate
 from data_plane.engine.sampling import SamplingParams
 from data_plane.models import ModelConfigError, load_model
-from shared.policy import Plan
+from shared.policy import Knobs, Plan
 from tests.conftest import STORIES_REFERENCE_TEXT, STORIES_REFERENCE_TOKENS
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0)
@@ -287,3 +287,40 @@ def test_min_tokens_masks_eos_under_ignore_eos_too(stories) -> None:
     _, (result,) = _run(stories, EngineConfig(), [[1]], [params])
     assert eos not in result.token_ids[:5]
     assert result.token_ids[5:] == [eos] * 3 and result.finish_reason == "length"
+
+
+@pytest.mark.parametrize("policy", ["vllm", "lvf"])
+def test_a_long_prefill_leaves_room_for_a_short_prompt_behind_it(stories, policy: str) -> None:
+    """vLLM's long_prefill_token_threshold: a long prompt's chunks take at most that many
+    tokens, so a short prompt that arrives behind it gets its first token in the next step
+    (the whole budget went to the long prompt until its prefill was done: a 2-token request
+    waited 49 s behind an 8,000-token prompt on a CPU worker). Tokens are unchanged."""
+    long_prompt = [1] + [(7 * i) % 500 + 10 for i in range(299)]
+    short_prompt = [1, 403, 407, 261, 378]
+    first_step: dict[int, int] = {}
+    outputs: dict[int, dict[str, list[int]]] = {}
+    for threshold in (0, 16):
+        config = EngineConfig(
+            block_size=4,
+            num_hbm_blocks=128,
+            max_num_batched_tokens=64,
+            long_prefill_token_threshold=threshold,
+        )
+        engine = build_engine(stories, config, Knobs(policy=policy))
+        greedy = SamplingParams(max_tokens=4, temperature=0)
+        engine.add_request("long", long_prompt, greedy)
+        engine.step()  # the long prompt's first chunk
+        engine.add_request("short", short_prompt, greedy)
+        tokens: dict[str, list[int]] = {"long": [], "short": []}
+        for step in range(2, 40):
+            for output in engine.step().outputs:
+                tokens[output.request_id] += output.new_token_ids
+            if tokens["short"] and threshold not in first_step:
+                first_step[threshold] = step
+            if not engine.has_unfinished():
+                break
+        outputs[threshold] = tokens
+    assert first_step[16] == 2 and first_step[0] >= 5, first_step  # 300 tokens at 64 a step
+    assert outputs[16] == outputs[0]  # chunking changes when, never what
+    with pytest.raises(ValueError, match="long_prefill_token_threshold"):
+        EngineConfig(long_prefill_token_threshold=-1)
