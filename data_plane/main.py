@@ -65,7 +65,7 @@ def build_worker_engine(settings: WorkerSettings, planner: Planner) -> tuple[Eng
         num_dram_blocks=settings.num_dram_blocks,
         dram_kv_gib=host_tier_gib(settings),
         max_num_batched_tokens=settings.max_num_batched_tokens,
-        long_prefill_token_threshold=settings.long_prefill_token_threshold,
+        long_prefill_token_threshold=settings.resolved_long_prefill_token_threshold(),
         max_num_seqs=settings.max_num_seqs,
         transfer_backend=settings.transfer_backend,
         device=settings.device,

@@ -9,6 +9,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.model_source import default_model
 
+CPU_LONG_PREFILL_TOKENS = 512  # long_prefill_token_threshold's default on the CPU
+
 
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SUPERINFER_")
@@ -44,8 +46,17 @@ class WorkerSettings(BaseSettings):
     num_dram_blocks: int | None = Field(default=None, ge=0)
     max_num_batched_tokens: int = Field(default=2048, ge=1)
     # vLLM's --long-prefill-token-threshold: the most tokens one prefill chunk takes (0: up to
-    # the whole budget); a long prompt then leaves room for the prompts behind it.
-    long_prefill_token_threshold: int = Field(default=0, ge=0)
+    # the whole budget); a long prompt then leaves room for the prompts behind it. None: 512
+    # on the CPU (a short request behind a 2,000-token prompt 0.58x the wait, the prompt 1.04x:
+    # bench/long_prefill.py), 0 elsewhere (vLLM's default; a GPU step is short).
+    long_prefill_token_threshold: int | None = Field(default=None, ge=0)
+
+    def resolved_long_prefill_token_threshold(self) -> int:
+        """The cap in force: the setting, or its device's default."""
+        if self.long_prefill_token_threshold is not None:
+            return self.long_prefill_token_threshold
+        return CPU_LONG_PREFILL_TOKENS if self.device == "cpu" else 0
+
     max_num_seqs: int = Field(default=256, ge=1)
     # auto: cuda on a CUDA device with cuda-python, else cpu
     transfer_backend: Literal["auto", "cpu", "cuda", "naive"] = "auto"

@@ -128,3 +128,15 @@ def test_bench_takes_vllms_names_and_refuses_no_requests(
     with pytest.raises(SystemExit):
         build_parser().parse_args([*base, "--rps", "4", "--num-requests", "0"])
     assert "--num-requests" in capsys.readouterr().err
+
+
+def test_long_prefill_token_threshold_defaults_by_device_and_takes_vllms_flag() -> None:
+    """512 on the CPU (a CPU step of 2,048 prompt tokens held a short request 5.8 s behind a
+    long prompt: bench/long_prefill.py), vLLM's 0 elsewhere; the flag wins."""
+    from data_plane.settings import WorkerSettings
+
+    assert WorkerSettings().resolved_long_prefill_token_threshold() == 512
+    assert WorkerSettings(device="cuda").resolved_long_prefill_token_threshold() == 0
+    given = build_parser().parse_args(["data-plane", "--long-prefill-token-threshold", "0"])
+    settings = WorkerSettings(long_prefill_token_threshold=given.long_prefill_token_threshold)
+    assert settings.resolved_long_prefill_token_threshold() == 0
