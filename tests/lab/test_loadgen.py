@@ -246,7 +246,8 @@ def test_bench_json_counts_match_server_metrics(tiny_served: Served, tmp_path: P
 def test_bench_capacity_brackets_the_served_crossing(tiny_served: Served, tmp_path: Path) -> None:
     """`superinfer bench --capacity` on a served model (4 seats, 32-token outputs): the probes
     bracket the crossing of 90 % within TTFT 0.5 s and TPOT 0.2 s, and independent runs agree:
-    half the capacity meets the target, 1.5x the failing probe's rate does not."""
+    half the capacity meets the target, twice the failing probe's rate does not (1.5x met once
+    in CI: a busy host's hiccup had failed the probe at 20/s, 0.81, and 30/s then met)."""
     url = f"{tiny_served.url}/v1"
     base = ["bench", "--base-url", url, "--trace", "synthetic:16:32", "--no-progress"]
     base += ["--ttft-slo", "0.5", "--tbt-slo", "0.2", "--seed", "2"]
@@ -262,7 +263,7 @@ def test_bench_capacity_brackets_the_served_crossing(tiny_served: Served, tmp_pa
     assert max(met) <= capacity <= min(missed) <= 1.5 * max(met) * 1.001
     # A busy host only adds misses: the rate that should meet gets a second run (4 s each, so
     # one late request out of ~16 still passes); the rate that should miss gets one.
-    for rate, meets, num_runs in ((capacity / 2, True, 2), (1.5 * min(missed), False, 1)):
+    for rate, meets, num_runs in ((capacity / 2, True, 2), (2 * min(missed), False, 1)):
         values = []
         for attempt in range(num_runs):
             check = tmp_path / f"check_{rate:.3f}_{attempt}.json"
