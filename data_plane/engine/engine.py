@@ -24,6 +24,7 @@ from data_plane.engine.request import (
     RequestStatus,
 )
 from data_plane.engine.sampling import SamplingParams
+from data_plane.engine.servable import check_servable
 from data_plane.engine.tenants import TenantLedger
 from data_plane.engine.views import PolicyViews
 from data_plane.kv.manager import KVEventKind
@@ -134,7 +135,9 @@ class Engine:
     ) -> Request:
         """Queue a request; raises :class:`RequestError` if it can never be served.
         ``tenant``: who it is served for (the policy's per-tenant fairness)."""
-        self._check_servable(request_id, prompt_token_ids, params)
+        if request_id in self.requests:
+            raise RequestError(f"request id {request_id!r} is already in the engine")
+        check_servable(prompt_token_ids, params, self.kv, self.max_model_len, self.vocab_size)
         self._arrival_seq += 1
         request = Request(
             request_id=request_id,
@@ -159,41 +162,6 @@ class Engine:
         self.requests[request_id] = request
         self.waiting.append(request)
         return request
-
-    def _check_servable(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
-    ) -> None:
-        """RequestError (naming the field at fault) for a request that can never be served."""
-        if request_id in self.requests:
-            raise RequestError(f"request id {request_id!r} is already in the engine")
-        if not prompt_token_ids:
-            raise RequestError("prompt is empty (it needs at least one token, e.g. BOS)", "prompt")
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise RequestError(
-                f"prompt has {len(prompt_token_ids)} tokens; the context holds "
-                f"{self.max_model_len} (prompt + at least one generated token)",
-                "prompt",
-            )
-        if self.vocab_size is not None and not all(
-            0 <= t < self.vocab_size for t in prompt_token_ids
-        ):
-            raise RequestError(f"prompt token ids must be in 0..{self.vocab_size - 1}", "prompt")
-        if self.vocab_size is not None and not all(
-            0 <= t < self.vocab_size for t in params.stop_token_ids
-        ):
-            message = f"stop_token_ids must be in 0..{self.vocab_size - 1}"
-            raise RequestError(message, "stop_token_ids")
-        if self.vocab_size is not None and not all(
-            0 <= t < self.vocab_size for t in params.logit_bias_ids
-        ):
-            message = f"logit_bias token ids must be in 0..{self.vocab_size - 1}"
-            raise RequestError(message, "logit_bias")
-        needed = self.kv.blocks_for(len(prompt_token_ids) + 1)
-        if needed > self.kv.num_hbm_blocks:
-            raise RequestError(
-                f"prompt needs {needed} KV blocks; the HBM pool has {self.kv.num_hbm_blocks}",
-                "prompt",
-            )
 
     def grammar_ready(self, structured: StructuredOutput) -> bool:
         """Whether :meth:`add_request` finds ``structured`` compiled (or refuses it at once:
@@ -233,7 +201,10 @@ class Engine:
         now = self.clock()
         if events:
             self._on_kv_events(events, now)
-        snapshot, columns = self._snapshot_for_planner(now)
+        counts = self._snapshot_counts(now)
+        snapshot, columns = self.views.planner_input(
+            now, self.running, counts, self.columnar, self.keep_columns
+        )
         plan = self.planner(snapshot)
         self.stats.last_plan = plan
         self._apply_transitions(plan, now)
@@ -258,20 +229,6 @@ class Engine:
     def columnar_snapshot(self, now: float) -> ColumnarSnapshot:
         """:meth:`snapshot` as columns (the waiting requests' come ready-made)."""
         return self.views.columnar_snapshot(now, self.running, self._snapshot_counts(now))
-
-    def _snapshot_for_planner(
-        self, now: float
-    ) -> tuple[Snapshot | ColumnarSnapshot, RequestColumns | None]:
-        """The snapshot the planner gets (views, or columns when ``columnar``) and, with
-        ``keep_columns``, its requests as columns (the worker publishes them), built from the
-        queues' cached columns, not from the views."""
-        if self.columnar:
-            columnar = self.columnar_snapshot(now)
-            return columnar, columnar.requests if self.keep_columns else None
-        snapshot = self.snapshot(now)
-        if self.keep_columns:
-            return snapshot, self.views.columns(snapshot.requests[: len(self.running)])
-        return snapshot, None
 
     def _snapshot_counts(self, now: float) -> dict[str, Any]:
         return {
@@ -438,21 +395,8 @@ class Engine:
                     reason = FinishReason.STOP  # the grammar is complete
             if reason is not None:
                 self._finish(request, reason)
-            outputs.append(
-                RequestOutput(
-                    request.request_id,
-                    [token],
-                    len(request.output_token_ids),
-                    reason,
-                    delta,
-                    t_first_run_s=request.t_first_run_s,
-                    num_preemptions=request.num_preemptions,
-                    num_rotations=request.num_rotations,
-                    logprobs=sampled.logprobs.get(request.request_id),
-                    prompt_logprobs=request.take_prompt_logprobs(),
-                    num_cached_tokens=request.num_cached_tokens,
-                )
-            )
+            logprobs = sampled.logprobs.get(request.request_id)
+            outputs.append(request.output(token, reason, delta, logprobs))
         return outputs
 
     def _on_computed(self, request: Request, num_before: int) -> None:

@@ -129,6 +129,29 @@ class Request:
         parts, self.prompt_logprobs = self.prompt_logprobs or [], None
         return concat(parts) if parts else TokenLogprobs()
 
+    def output(
+        self,
+        token: int,
+        reason: FinishReason | None,
+        text_delta: str,
+        logprobs: TokenLogprobs | None,
+    ) -> RequestOutput:
+        """The delta of the token just appended (the prompt's log-probabilities with the
+        first one)."""
+        return RequestOutput(
+            self.request_id,
+            [token],
+            len(self.output_token_ids),
+            reason,
+            text_delta,
+            t_first_run_s=self.t_first_run_s,
+            num_preemptions=self.num_preemptions,
+            num_rotations=self.num_rotations,
+            logprobs=logprobs,
+            prompt_logprobs=self.take_prompt_logprobs(),
+            num_cached_tokens=self.num_cached_tokens,
+        )
+
     @property
     def num_tokens(self) -> int:
         """Tokens whose KV the request needs: prompt plus generated (the last one's KV is

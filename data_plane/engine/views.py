@@ -93,6 +93,23 @@ class PolicyViews:
         num_computed = hits.num_blocks * self.kv.block_size
         return self.view(r, num_computed, hits.num_hbm_in_use, hits.num_dram)
 
+    def planner_input(
+        self,
+        now: float,
+        running: Sequence[Request],
+        counts: dict[str, Any],
+        columnar: bool,
+        keep_columns: bool,
+    ) -> tuple[Snapshot | ColumnarSnapshot, RequestColumns | None]:
+        """The snapshot the planner gets (views, or columns when ``columnar``) and, with
+        ``keep_columns``, its requests as columns (the worker publishes them), built from the
+        queues' cached columns, not from the views."""
+        if columnar:
+            snapshot = self.columnar_snapshot(now, running, counts)
+            return snapshot, snapshot.requests if keep_columns else None
+        views = self.snapshot(now, running, counts)
+        return views, self.columns(views.requests[: len(running)]) if keep_columns else None
+
     def snapshot(self, now: float, running: Sequence[Request], counts: dict[str, Any]) -> Snapshot:
         """Running, then waiting, then rotary requests."""
         view = self.view
