@@ -71,6 +71,7 @@ def attention_cases() -> list[tuple[str, str, dict[str, Any]]]:
     import triton.language as tl
 
     from data_plane.models import triton_attention as ta
+    from data_plane.models.paged_batch import tile_block_q
 
     cases = []
     for name, pointer, group, head_dim, prefill, window, splits in (
@@ -87,7 +88,7 @@ def attention_cases() -> list[tuple[str, str, dict[str, Any]]]:
             "HEAD_DIM": head_dim,
             "HEAD_DIM_P": max(16, head_dim),
             "KV_ALIGN": head_dim,
-            "BLOCK_Q": ta.tile_block_q(group, prefill=prefill),
+            "BLOCK_Q": tile_block_q(group, prefill=prefill),
             "BLOCK_N": ta.PREFILL_BLOCK_N if prefill else ta.DECODE_BLOCK_N,
             "SLIDING_WINDOW": window,
             "DOT_DTYPE": tl.float32 if fp32 else tl.bfloat16,

@@ -78,7 +78,7 @@ def ours_steps(
     """One decode step of each of our variants, inputs prepared (as the runner does)."""
     from data_plane.engine.cuda_graphs import DecodeGraphs
     from data_plane.engine.model_runner import ModelRunner, PromptRows
-    from data_plane.models.triton_attention import paged_metadata
+    from data_plane.models.paged_batch import paged_metadata
 
     items = decode_items(batch, context, BLOCK_SIZE)
     torch_runner = ModelRunner(model, BLOCK_SIZE, device, attention_backend="torch")

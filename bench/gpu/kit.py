@@ -54,6 +54,7 @@ PART_MODULES = [
     "data_plane.kv.tiered",
     "data_plane.transfer.cuda",
     "data_plane.models.triton_attention",
+    "data_plane.models.paged_batch",
     "lab.profile",
     "bench.gpu.decode_step",
     "bench.gpu.rotation_overlap",

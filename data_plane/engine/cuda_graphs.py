@@ -29,13 +29,8 @@ import torch
 from data_plane.models.attention import AttentionMetadata, PagedInputs, TileSet
 from data_plane.models.config import ModelConfig
 from data_plane.models.llama import LlamaModel
+from data_plane.models.paged_batch import HostBatch, decode_splits, num_sms, tile_block_q
 from data_plane.models.staging import HostStaging
-from data_plane.models.triton_attention import (
-    HostBatch,
-    decode_splits,
-    num_sms,
-    tile_block_q,
-)
 
 DEFAULT_CAPTURE_SIZES = (
     *(1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256),

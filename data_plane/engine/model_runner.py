@@ -25,13 +25,9 @@ from data_plane.engine.sampling import SamplingRow
 from data_plane.engine.structured import ends_where_grammar_ends, mask_logits
 from data_plane.models.attention import AttentionMetadata
 from data_plane.models.llama import LlamaModel
+from data_plane.models.paged_batch import HostBatch, paged_metadata
 from data_plane.models.staging import HostStaging
-from data_plane.models.triton_attention import (
-    HostBatch,
-    interpreter_enabled,
-    paged_metadata,
-    triton_available,
-)
+from data_plane.models.triton_attention import interpreter_enabled, triton_available
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 

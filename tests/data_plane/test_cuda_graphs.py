@@ -28,12 +28,9 @@ from data_plane.engine.llm import build_engine, generate  # noqa: E402
 from data_plane.engine.model_runner import resolve_attention_backend  # noqa: E402
 from data_plane.engine.sampling import SamplingParams  # noqa: E402
 from data_plane.models import load_model  # noqa: E402
+from data_plane.models.paged_batch import HostBatch, paged_metadata  # noqa: E402
 from data_plane.models.staging import HostStaging  # noqa: E402
-from data_plane.models.triton_attention import (  # noqa: E402
-    HostBatch,
-    paged_metadata,
-    triton_available,
-)
+from data_plane.models.triton_attention import triton_available  # noqa: E402
 from shared.policy import Knobs  # noqa: E402
 
 needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed")

@@ -29,8 +29,8 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from data_plane.models import triton_attention, triton_fused  # noqa: E402
 from data_plane.models.config import ModelConfig  # noqa: E402
 from data_plane.models.llama import empty_model  # noqa: E402
+from data_plane.models.paged_batch import HostBatch, paged_metadata  # noqa: E402
 from data_plane.models.staging import HostStaging  # noqa: E402
-from data_plane.models.triton_attention import HostBatch, paged_metadata  # noqa: E402
 
 MAX_LAUNCHES_PER_LAYER = 9  # norm, qkv, rope + kv, attention, o_proj, add + norm, gate_up,
 # silu x up, down (issue 33: about 9-10; the torch ops took ~46)

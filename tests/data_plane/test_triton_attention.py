@@ -36,14 +36,14 @@ from data_plane.models import load_model  # noqa: E402
 from data_plane.models.attention import paged_attention, write_kv  # noqa: E402
 from data_plane.models.config import ModelConfig  # noqa: E402
 from data_plane.models.llama import LlamaModel  # noqa: E402
-from data_plane.models.staging import HostStaging  # noqa: E402
-from data_plane.models.triton_attention import (  # noqa: E402
+from data_plane.models.paged_batch import (  # noqa: E402
     HostBatch,
     build_tiles,
     decode_splits,
     paged_metadata,
     tile_block_q,
 )
+from data_plane.models.staging import HostStaging  # noqa: E402
 from shared.policy import Knobs  # noqa: E402
 from tests.data_plane.test_duplexkv import RandomRotations  # noqa: E402
 
