@@ -98,7 +98,18 @@ class SamplingFields(BaseModel):
     # OpenAI's: requests with the same key go to the same worker (its prefix cache)
     prompt_cache_key: Annotated[str, Field(max_length=1024)] | None = None
 
-    _sampling_text = field_validator("model", "stop", "user", "prompt_cache_key")(valid_unicode)
+    _sampling_text = field_validator(
+        "model",
+        "stop",
+        "user",
+        "prompt_cache_key",
+        "response_format",
+        "structured_outputs",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+    )(valid_unicode)
 
     @field_validator("stream", mode="before")
     @classmethod

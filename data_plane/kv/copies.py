@@ -137,7 +137,15 @@ class CopyPipeline:
         for move in self._syncs:
             if move.request_id == request_id:
                 self._urgent.append(
-                    Move(EVICT, request_id, move.index, move.hbm_id, move.dram_id, move.table)
+                    Move(
+                        EVICT,
+                        request_id,
+                        move.index,
+                        move.hbm_id,
+                        move.dram_id,
+                        move.table,
+                        move.content,  # indexed in DRAM once copied, as the sync would be
+                    )
                 )
             else:
                 kept.append(move)

@@ -181,7 +181,9 @@ class KVCacheManager(BlockTables):
             content = self._content(index, token_ids, keys)
             if content is not None and self._share_dram_copy(table, index, content):
                 continue
-            self._queue_d2h(SYNC, request_id, table, index, content)  # skipped when DRAM is full
+            if not self._queue_d2h(SYNC, request_id, table, index, content):
+                num_full = index  # DRAM is full: this block is tried again at the next step
+                break
         table.num_sync_checked = max(table.num_sync_checked, num_full)
 
     def _content(self, index: int, token_ids: Sequence[int], keys: Sequence[int]) -> Content | None:

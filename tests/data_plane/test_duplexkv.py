@@ -17,6 +17,8 @@ from data_plane.engine.llm import build_engine, generate
 from data_plane.engine.request import RequestStatus
 from data_plane.engine.sampling import SamplingParams
 from data_plane.kv.geometry import KVGeometry
+from data_plane.kv.manager import SYNCED
+from data_plane.kv.prefix_cache import ROOT_KEY
 from data_plane.kv.tiered import KVCacheManager
 from data_plane.models import load_model
 from data_plane.transfer.base import BlockCopy
@@ -435,3 +437,43 @@ def test_swap_policies_under_pressure_are_lossless(stories, policy: str, seed: i
     engine.kv.drain()
     kv = engine.kv
     assert kv.hbm.num_free == kv.hbm.num_blocks and kv.dram.num_free == kv.dram.num_blocks
+
+
+def test_a_block_skipped_while_dram_was_full_is_synced_once_it_has_room() -> None:
+    kv, _, _ = _manager(num_hbm=16, num_dram=4)
+    _fill(kv, "b", 2 * BS)  # two DRAM blocks for b's syncs
+    _fill(kv, "a", 3 * BS)  # a's third block finds DRAM full
+    kv.issue_transfers()
+    kv.drain()
+    assert kv.tiered_stats.blocks_synced == 4
+    kv.free("b")
+    assert kv.ensure_hbm("a", 3 * BS, 3 * BS + 1) is not None
+    kv.on_computed("a", 3 * BS + 1)  # the next step: DRAM has room again
+    kv.issue_transfers()
+    kv.drain()
+    table = kv.table("a")
+    assert table is not None and table.sync[:3] == [SYNCED] * 3
+    assert kv.tiered_stats.blocks_synced == 5
+    before = kv.transfer.stats.blocks_d2h
+    assert kv.rotate_out("a") is not None
+    kv.drain()
+    assert kv.transfer.stats.blocks_d2h - before == 1  # only the partial tail moves
+
+
+def test_syncs_turned_into_evictions_are_indexed_in_dram() -> None:
+    geometry = KVGeometry(2, BS, 2, 4, torch.float32)
+    hbm = torch.randn(16, *geometry.block_shape)
+    dram = torch.zeros(16, *geometry.block_shape)
+    kv = KVCacheManager(16, 16, BS, CpuTransferEngine(hbm, dram), 64, prefix_caching=True)
+    tokens = list(range(100, 100 + 3 * BS))
+    keys = kv.prefix_keys(tokens)
+    assert kv.ensure_hbm("a", 0, len(tokens)) is not None
+    kv.on_computed("a", len(tokens), tokens, keys)  # three syncs queued, none issued
+    assert kv.rotate_out("a") is not None  # ... they become evictions
+    kv.issue_transfers()
+    kv.drain()
+    assert kv.tiered_stats.blocks_evicted == 3
+    parents = [ROOT_KEY, *keys[:-1]]
+    for index, (key, parent) in enumerate(zip(keys, parents, strict=True)):
+        block_tokens = tokens[index * BS : (index + 1) * BS]
+        assert kv.dram.cached_block(key, parent, block_tokens) is not None, index
