@@ -155,7 +155,7 @@ class Engine:
             request.grammar = self.grammars.matcher(params.structured)
         # last: a request refused above must not count as one of its tenant's live requests
         request.tenant = self.tenants.enter(tenant, request.t_arr_s)
-        if params.prompt_logprobs is None:  # else its whole prompt is computed: no cache hit
+        if request.reads_prefix_cache:
             request.block_keys = self.kv.prefix_keys(request.prompt_token_ids)
         # masked until min_tokens: EOS too under ignore_eos (vLLM's rule)
         request.stop_ids = tuple(dict.fromkeys((*self.eos_token_ids, *params.stop_token_ids)))
@@ -288,9 +288,8 @@ class Engine:
         for request_id in plan.admit_ids:
             request = self._expect(request_id, RequestState.WAITING)
             self.views.leave_waiting(request)
-            # every prompt is a prefix-cache query (vLLM's count), one shorter than a block too;
-            # one computing its prompt's log-probabilities reads no cache
-            reads_cache = self.kv.prefix_caching and request.params.prompt_logprobs is None
+            # every prompt is a prefix-cache query (vLLM's count), one shorter than a block too
+            reads_cache = self.kv.prefix_caching and request.reads_prefix_cache
             loading = self._take_prefix(request) if reads_cache else False
             self._move(request, RequestStatus.LOADING if loading else RequestStatus.RUNNING)
             request.t_run_s = now

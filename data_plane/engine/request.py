@@ -153,6 +153,12 @@ class Request:
         )
 
     @property
+    def reads_prefix_cache(self) -> bool:
+        """Whether its prompt may come from the prefix cache: not when the prompt's
+        log-probabilities are asked for (every prompt token is computed then)."""
+        return self.params.prompt_logprobs is None
+
+    @property
     def num_tokens(self) -> int:
         """Tokens whose KV the request needs: prompt plus generated (the last one's KV is
         written when it is fed back as the next input)."""

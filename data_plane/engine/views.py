@@ -85,8 +85,9 @@ class PolicyViews:
     def _waiting_view(self, r: Request) -> RequestView:
         """A waiting request's view: what its cached prefix will not prefill counts as
         computed, its blocks in use by others and in DRAM as its; the keys that answer
-        depends on are watched (the hits and the first miss)."""
-        if not r.block_keys:
+        depends on are watched (the hits and the first miss). One that reads no cache (its
+        keys were extended as it computed, for others to share its blocks) is seen without."""
+        if not r.block_keys or not r.reads_prefix_cache:
             return self.view(r)
         hits = self.kv.prefix_hits(r.all_token_ids, r.block_keys)
         self._prefix_watch.watch(r.request_id, r.block_keys[: hits.num_blocks + 1])

@@ -61,6 +61,8 @@ def _engine(loaded: Any, policy: str, num_hbm: int, dram: bool, max_num_seqs: in
 
 def _live(engine: Engine, request: Any) -> tuple[int, int, int]:
     """(computed tokens, HBM blocks in use, DRAM blocks) its view must hold now."""
+    if not request.reads_prefix_cache:
+        return 0, 0, 0
     hits = engine.kv.prefix_hits(request.all_token_ids, request.block_keys)
     return hits.num_blocks * BS, hits.num_hbm_in_use, hits.num_dram
 
@@ -191,3 +193,33 @@ def test_random_shared_prefix_bursts_never_skip_a_chunk(
     check.evicted = 0  # type: ignore[attr-defined]
     check()
     assert check.evicted > 0  # type: ignore[attr-defined]  # evictions happened
+
+
+def test_a_request_computing_prompt_logprobs_is_seen_uncached_after_a_preemption(
+    stories: Any,
+) -> None:
+    """Its keys grow as it computes (its blocks are shared with others), but it never reads
+    the cache: preempted by recompute, the policy sees it with nothing computed (before the
+    fix its view counted 28 of its 32 prompt tokens as cached)."""
+    engine = _engine(stories, "vllm", num_hbm=64, dram=False, max_num_seqs=2)
+    checked = engine.planner
+    prompt = (stories.tokenizer.encode("Once upon a time there was a little girl.") * 4)[:32]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, prompt_logprobs=1)
+    engine.add_request("p", prompt, params)
+    for _ in range(3):  # its prefill, 16 tokens a step, and its first token
+        _step(engine)
+    request = engine.requests["p"]
+    assert request.output_token_ids and len(request.block_keys) == 8
+
+    def preempt_p(snapshot: Any) -> Any:
+        plan = checked(snapshot)
+        plan.preempt_ids, plan.schedule = ["p"], []
+        return plan
+
+    engine.planner = preempt_p
+    engine.step()
+    engine.planner = checked
+    _step(engine)
+    assert isinstance(checked, CheckedPlanner)
+    (view,) = checked.last_waiting
+    assert (view.request_id, view.num_computed_tokens, view.num_blocks_hbm) == ("p", 0, 0)
