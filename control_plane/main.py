@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 from control_plane.service import ControlPlane
 from control_plane.settings import ControlPlaneSettings
 from shared.health import redis_reachable, serve_health
-from shared.knobs import knobs_from_mapping, seed_knobs, write_knobs
+from shared.knobs import knobs_from_mapping, knobs_to_mapping, seed_knobs, write_knobs
 from shared.slo import seed_slo_classes, slo_classes_from_mapping, write_slo_classes
 
 log = structlog.get_logger(__name__)
@@ -88,8 +88,8 @@ async def apply_config(
 ) -> None:
     """Write the knobs (atomically where Redis has none, unless ``overwrite``) and SLO classes
     unless Redis already has some (or ``overwrite``)."""
-    if knobs and overwrite:
-        _, version = await write_knobs(redis, knobs)
+    if knobs and overwrite:  # every knob: those not given take their defaults, as documented
+        _, version = await write_knobs(redis, knobs_to_mapping(knobs_from_mapping(knobs)))
         log.info("config_knobs_written", version=version)
     elif knobs:
         in_force, version = await seed_knobs(redis, knobs_from_mapping(knobs))
@@ -104,10 +104,10 @@ async def apply_config(
 async def _apply_config_with_retry(
     redis: Redis, settings: ControlPlaneSettings, stop: asyncio.Event
 ) -> None:
-    if not settings.knobs and not settings.slo_classes:
+    if not settings.knobs and settings.slo_classes is None:
         return
     knobs_from_mapping(settings.knobs or {})  # a bad value fails the start, before any write
-    if settings.slo_classes:
+    if settings.slo_classes is not None:  # {} too: "at least one SLO class is needed"
         slo_classes_from_mapping(settings.slo_classes)
     backoff_s = 0.05
     while not stop.is_set():

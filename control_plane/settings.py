@@ -6,7 +6,7 @@ import os
 import socket
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -37,8 +37,19 @@ class ControlPlaneSettings(BaseSettings):
     replica_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     # a dead replica's workers are taken over within about this
     lease_ttl_ms: int = Field(default=3000, ge=1)
-    # renewal and rebalancing period (well under the TTL)
+    # renewal and rebalancing period: at most a third of the TTL (two renewals may be missed)
     lease_renew_s: float = Field(default=0.5, gt=0.0)
     # a worker without a snapshot or heartbeat this long is released (SUPERINFER_WORKER_RELEASE_S:
     # the gateway's worker_forget_s, which deletes a worker, is another setting)
     worker_release_s: float = Field(default=10.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _renewed_within_the_ttl(self) -> ControlPlaneSettings:
+        """A lease renewed no sooner than it expires is lost at every period (the workers
+        unplanned part of it, moving between replicas)."""
+        if self.lease_renew_s * 1000.0 * 3 > self.lease_ttl_ms:
+            raise ValueError(
+                f"lease_renew_s {self.lease_renew_s} must be at most a third of lease_ttl_ms "
+                f"{self.lease_ttl_ms} ms"
+            )
+        return self

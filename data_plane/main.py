@@ -21,8 +21,9 @@ from data_plane.engine.llm import Serving, build_engine, warm_up
 from data_plane.models import load_model
 from data_plane.planner import HybridPlanner
 from data_plane.service import Worker
-from data_plane.settings import WorkerSettings
+from data_plane.settings import WorkerSettings, missing_device_problem
 from data_plane.threads import apply_thread_policy
+from shared.errors import ConfigError
 from shared.health import redis_reachable, serve_health
 from shared.metrics_vllm import vllm_engine_families
 from shared.model_source import resolve_model
@@ -223,7 +224,11 @@ async def _wait_for_redis(redis: Redis, stop: asyncio.Event) -> None:
 
 async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
     """Health endpoint first (liveness answers while the model loads in a thread), then the
-    worker; on ``stop`` it drains (see :func:`_run_and_drain`)."""
+    worker; on ``stop`` it drains (see :func:`_run_and_drain`). A CUDA device this machine
+    lacks is a ConfigError before anything starts."""
+    problem = missing_device_problem(settings.device)
+    if problem is not None:
+        raise ConfigError(problem)
     redis = Redis.from_url(  # a Redis that hangs (not just dies) times out and is retried
         settings.redis_url,
         socket_timeout=settings.redis_timeout_s,

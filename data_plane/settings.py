@@ -110,6 +110,15 @@ class WorkerSettings(BaseSettings):
             )
         return value
 
+    @model_validator(mode="after")
+    def _cuda_copies_need_cuda(self) -> WorkerSettings:
+        if self.transfer_backend == "cuda" and not self.device.startswith("cuda"):
+            raise ValueError(
+                f"transfer_backend cuda copies between a GPU's KV pool and host memory; "
+                f"device is {self.device!r} (auto picks the backend for the device)"
+            )
+        return self
+
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, value: str) -> str:
@@ -144,3 +153,23 @@ class WorkerSettings(BaseSettings):
     def _auto_b_xfer(cls, value: Any) -> Any:
         """``auto`` (or empty) is None: B_xfer measured on the link."""
         return None if isinstance(value, str) and value.strip().lower() in ("auto", "") else value
+
+
+def missing_device_problem(device: str) -> str | None:
+    """Why this machine cannot serve on ``device`` (a CUDA device it lacks), else None: checked
+    at start, before the weights load (a missing GPU failed with a traceback after them).
+    Not a settings validator: a deployment's settings are valid whatever machine reads them.
+    torch is imported only to check a CUDA device."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    try:
+        index = torch.device(device).index
+    except RuntimeError as exc:
+        return f"--device {device!r} is not a device torch knows: {exc}"
+    if not torch.cuda.is_available():
+        return f"--device {device!r}: this torch ({torch.__version__}) sees no CUDA device"
+    if index is not None and index >= torch.cuda.device_count():
+        return f"--device {device!r}: this machine has {torch.cuda.device_count()} GPUs"
+    return None

@@ -35,7 +35,12 @@ from gateway.state import GatewayState
 from shared import streams
 from shared.knobs import MAX_WRITE_ATTEMPTS, KnobError, knobs_to_json, read_knobs, write_knobs
 from shared.policy import kv_usage
-from shared.slo import queue_slo_classes_write, read_slo_classes, slo_classes_write_args
+from shared.slo import (
+    default_class,
+    queue_slo_classes_write,
+    read_slo_classes,
+    slo_classes_write_args,
+)
 from shared.streams import API_KEYS_KEY
 
 
@@ -94,8 +99,8 @@ async def put_slo_classes(
     request: Request, body: Annotated[Any, Body()], force: bool = False
 ) -> dict[str, Any]:
     """Replace the classes. A class that keys name (or the default class, while keys name
-    none) may go only with ``force``: those keys are then served in the default class (any
-    class when the default is gone too) until a class of their name comes back."""
+    none) may go only with ``force``: those keys are then served in the default class (the
+    loosest when the default is gone too) until a class of their name comes back."""
     state = _state(request)
     specs = validated(SLO_CLASSES, body, "slo_classes")
     raw = {name: spec.model_dump() for name, spec in specs.items()}
@@ -110,11 +115,8 @@ async def put_slo_classes(
         "classes": {n: _class(c) for n, c in classes.items()},
     }
     if stranded:
-        default = state.settings.default_slo_class
-        reply["forced"] = {
-            "keys": stranded,
-            "served_in": default if default in classes else next(iter(classes)),
-        }
+        served_in = default_class(classes, state.settings.default_slo_class)
+        reply["forced"] = {"keys": stranded, "served_in": served_in.name}
     return reply
 
 

@@ -25,6 +25,7 @@ from gateway.settings import GatewaySettings
 from gateway.workers import WorkerDirectory
 from shared.model_source import model_display_name, resolve_model
 from shared.runtime import loop_with_backoff
+from shared.slo import default_class
 from shared.tokenizer import load_tokenizer_bundle
 
 log = structlog.get_logger(__name__)
@@ -98,6 +99,8 @@ class GatewayState:
         self._refresher = asyncio.create_task(loop_with_backoff(self._refresh, self._stop))
         self.dispatcher.start()
         log.info("gateway_started", gateway_id=self.gateway_id, model=self.model_name)
+        for warning in self.readiness()[1]:  # e.g. a default SLO class that is not one
+            log.warning("gateway_start_warning", warning=warning)
 
     async def _refresh(self) -> None:
         await self.directory.refresh()  # first: it records whether Redis answers
@@ -134,4 +137,11 @@ class GatewayState:
         warnings = []
         if self.directory.redis_ok and not self.directory.control_plane_alive:
             warnings.append("control plane not seen recently; workers plan locally")
+        classes, default = self.directory.slo_classes, self.settings.default_slo_class
+        if default not in classes:  # a typo, or removed with force: served, in the loosest
+            loosest = default_class(classes, default).name
+            warnings.append(
+                f"default_slo_class {default!r} is not an SLO class ({', '.join(sorted(classes))}):"
+                f" requests without one are served in {loosest!r}, the loosest"
+            )
         return problems, warnings

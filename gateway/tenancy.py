@@ -26,7 +26,7 @@ from gateway.auth import ApiKey, bearer
 from gateway.errors import APIError, bus_error
 from gateway.openai_models import SamplingFields
 from gateway.state import GatewayState
-from shared.slo import SloClass
+from shared.slo import SloClass, default_class
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +78,7 @@ def served_priority(caller: Caller, asked: int) -> int:
 
 
 def _default_class(state: GatewayState) -> SloClass:
-    """The configured default; any class when it was removed since."""
-    classes = state.directory.slo_classes
-    default = classes.get(state.settings.default_slo_class)
-    return default if default is not None else next(iter(classes.values()))
+    return default_class(state.directory.slo_classes, state.settings.default_slo_class)
 
 
 async def admit(

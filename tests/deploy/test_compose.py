@@ -186,6 +186,18 @@ def test_gpu_worker_reserves_a_gpu_and_cpu_worker_runs_tiny_random(
     assert cpu["profiles"] == ["cpu"] and "deploy" not in cpu
     assert cpu["environment"]["SUPERINFER_MODEL"] == "tiny-random"
     assert cpu["environment"]["SUPERINFER_DEVICE"] == "cpu"
+    other = load(edited_env(SUPERINFER_MODEL="/models/llama"))["services"]
+    serving = ("gateway", "data-plane", "data-plane-cpu")  # the control plane loads no model
+    models = {name: other[name]["environment"]["SUPERINFER_MODEL"] for name in serving}
+    assert set(models.values()) == {"/models/llama"}, models  # every worker serves the gateway's
+
+
+def test_the_gateway_is_stopped_after_its_shutdown_grace(compose: dict[str, Any]) -> None:
+    """Docker's default stop period (10 s) killed streams the gateway was still finishing."""
+    from gateway.settings import GatewaySettings
+
+    period = compose["services"]["gateway"]["stop_grace_period"]
+    assert period.endswith("s") and int(period[:-1]) > GatewaySettings().shutdown_grace_s
 
 
 def test_gateway_published_on_loopback_unless_asked(compose: dict[str, Any]) -> None:

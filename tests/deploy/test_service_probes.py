@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from control_plane.main import serve as serve_control_plane
@@ -20,7 +21,9 @@ from data_plane.main import WorkerState, _run_and_drain
 from data_plane.main import serve as serve_worker
 from data_plane.settings import WorkerSettings
 from shared import streams
+from shared.errors import ConfigError
 from shared.knobs import read_knobs, write_knobs
+from shared.policy import Knobs
 from shared.protocol import SubmitRequest, TokenOutputs, decode, encode
 from shared.sampling import SamplingParams
 from shared.slo import read_slo_classes
@@ -215,15 +218,36 @@ async def test_control_plane_probes_and_config_seeding(redis_client: Redis) -> N
     seeded, _ = await read_slo_classes(redis_client)
     assert sorted(seeded) == ["bulk", "gold"] and seeded["gold"].ttft_s == 0.5
 
-    await write_knobs(redis_client, {"policy": "edf"})  # a runtime change (the admin API's path)
+    await write_knobs(redis_client, {"policy": "edf", "beta_f": 13.0})  # the admin API's path
     await run_once(overwrite=False, policy="lvf")  # a restart keeps it
     assert (await read_knobs(redis_client))[0].policy == "edf"
     await run_once(overwrite=True, policy="swap")  # config_overwrite: the settings win
-    assert (await read_knobs(redis_client))[0].policy == "swap"
+    overwritten = (await read_knobs(redis_client))[0]
+    assert (overwritten.policy, overwritten.alpha) == ("swap", 2.0)
+    assert overwritten.beta_f == Knobs().beta_f  # replaced, not merged: the default again
 
 
-async def test_control_plane_rejects_bad_config_before_writing(redis_client: Redis) -> None:
-    settings = ControlPlaneSettings(redis_url=redis_url(), knobs={"policy": "nope"})
-    with pytest.raises(ValueError, match="policy"):
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"knobs": {"policy": "nope"}}, "policy"),
+        ({"slo_classes": {"x": {"ttft_s": 0.0001, "tbt_s": 1.0}}}, "ttft_s 0.0001 is out of"),
+        ({"slo_classes": {"x": {"ttft_s": 1.0, "tbt_s": 1e9}}}, "tbt_s"),
+        ({"slo_classes": {}}, "at least one SLO class"),
+    ],
+)
+async def test_control_plane_rejects_bad_config_before_writing(
+    redis_client: Redis, config: dict[str, Any], match: str
+) -> None:
+    """The admin API's ranges hold for the settings too (an SLO class of 0.1 ms was written)."""
+    settings = ControlPlaneSettings(redis_url=redis_url(), **config)
+    with pytest.raises(ConfigError, match=match):
         await serve_control_plane(settings, asyncio.Event())
     assert (await read_knobs(redis_client))[1] == 0
+    assert (await read_slo_classes(redis_client))[1] == 0
+
+
+def test_a_lease_renewed_no_sooner_than_it_expires_is_refused() -> None:
+    with pytest.raises(ValidationError, match="a third of lease_ttl_ms"):
+        ControlPlaneSettings(lease_renew_s=6.0)
+    assert ControlPlaneSettings(lease_ttl_ms=1000, lease_renew_s=0.3).lease_renew_s == 0.3

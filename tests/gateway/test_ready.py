@@ -41,12 +41,15 @@ def test_a_gateway_is_ready_with_no_control_plane(
     worker_without_control_plane: tuple[str, str],
 ) -> None:
     redis_url, model = worker_without_control_plane
-    with gateway(redis_url, model, {}) as url:  # waits for /ready: 200
+    mistyped = {"SUPERINFER_DEFAULT_SLO_CLASS": "standrad"}
+    with gateway(redis_url, model, mistyped) as url:  # waits for /ready: 200
         ready = httpx.get(f"{url}/ready", timeout=10)
         assert ready.status_code == 200
         body = ready.json()
         assert body["ready"] is True and body["problems"] == []
         assert any("control plane" in warning for warning in body["warnings"]), body
+        # a default class that is not one: said, and served in the loosest (was the first)
+        assert any("'standrad' is not an SLO class" in w for w in body["warnings"]), body
         body = {"prompt": "Once", "max_tokens": 4, "temperature": 0}
         response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
         assert response.status_code == 200, response.text

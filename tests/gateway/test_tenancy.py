@@ -19,12 +19,10 @@ from shared.slo import DEFAULT_SLO_CLASSES, SloClass
 from tests.served import Served
 
 
-def _state(**extra: SloClass) -> Any:
+def _state(default: str = "standard", **extra: SloClass) -> Any:
     classes = {**DEFAULT_SLO_CLASSES, **extra}
     directory = SimpleNamespace(slo_classes=classes)
-    return SimpleNamespace(
-        directory=directory, settings=SimpleNamespace(default_slo_class="standard")
-    )
+    return SimpleNamespace(directory=directory, settings=SimpleNamespace(default_slo_class=default))
 
 
 def _caller(slo_class: str | None, min_priority: int = 0) -> Caller:
@@ -50,6 +48,15 @@ def test_the_key_class_is_a_ceiling() -> None:
     anonymous = Caller(None)
     assert served_class(state, anonymous, "interactive").name == "interactive"  # open mode
     assert served_class(state, anonymous, None).name == "standard"
+
+
+def test_a_default_class_that_is_not_one_serves_in_the_loosest() -> None:
+    """A mistyped ``default_slo_class`` served every unclassed request in the first class of
+    the hash (interactive, the tightest), ahead of those that chose one."""
+    state = _state(default="nosuch")
+    assert served_class(state, Caller(None), None).name == "batch"
+    assert served_class(state, _caller(None), None).name == "batch"
+    assert served_class(state, _caller(None), "interactive").name == "batch"  # the ceiling
 
 
 def test_priority_is_clamped_to_the_key_floor() -> None:

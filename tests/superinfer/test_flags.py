@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from redis.asyncio import Redis
 
 from control_plane.settings import ControlPlaneSettings
 from data_plane.settings import WorkerSettings
 from gateway.settings import GatewaySettings
+from shared.knobs import read_knobs, write_knobs
 from superinfer.cli import SECRET_FIELDS, build_parser
 from superinfer.flags import add_settings_flags
-from superinfer.serve import WORKER_MODEL_FIELDS, _worker_args
+from superinfer.serve import WORKER_MODEL_FIELDS, _worker_args, _write_knob_flags
+from tests.redis_support import redis_url
 
 
 def _subcommand(name: str) -> argparse.ArgumentParser:
@@ -140,3 +143,16 @@ def test_long_prefill_token_threshold_defaults_by_device_and_takes_vllms_flag() 
     given = build_parser().parse_args(["data-plane", "--long-prefill-token-threshold", "0"])
     settings = WorkerSettings(long_prefill_token_threshold=given.long_prefill_token_threshold)
     assert settings.resolved_long_prefill_token_threshold() == 0
+
+
+async def test_serve_writes_b_xfer_over_knobs_already_in_redis(redis_client: Redis) -> None:
+    """``serve --b-xfer`` alone (no ``--policy``) is written too: before, it only seeded an
+    empty Redis, so with knobs there it was accepted and ignored."""
+    await write_knobs(redis_client, {"policy": "vllm"})
+    url = redis_url()
+    await _write_knob_flags(url, None, 100)
+    knobs, _ = await read_knobs(redis_client)
+    assert (knobs.policy, knobs.b_xfer) == ("vllm", 100)
+    await _write_knob_flags(url, "lvf", "auto")
+    knobs, _ = await read_knobs(redis_client)
+    assert (knobs.policy, knobs.b_xfer) == ("lvf", None)

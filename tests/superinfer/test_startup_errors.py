@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import STORIES_DIR
 from tests.served import free_port
@@ -47,6 +48,17 @@ def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
         (["serve", "--model", "tiny-random", "--chat-template", "/no/such.jinja"], {},
          "neither an existing file nor a jinja2 template"),
         (["serve", "--model", "tiny-random"], {"SUPERINFER_MAX_NUM_SEQS": "0"}, "max_num_seqs"),
+        # a GPU this machine lacks, a CUDA copy engine without one (were tracebacks)
+        *([(["data-plane", "--model", "tiny-random", "--device", "cuda"], {},
+            "sees no CUDA device"),
+           (["serve", "--model", "tiny-random", "--device", "cuda"], {}, "sees no CUDA device")]
+          if not torch.cuda.is_available() else []),
+        (["data-plane", "--model", "tiny-random", "--device", "cuda:x"], {}, "not a device"),
+        (["data-plane", "--model", "tiny-random", "--transfer-backend", "cuda"], {},
+         "transfer_backend cuda"),
+        (["control-plane"], {"SUPERINFER_SLO_CLASSES": '{"x": {"ttft_s": -1, "tbt_s": 1}}'},
+         "ttft_s -1 is out of"),
+        (["control-plane", "--lease-renew-s", "6"], {}, "a third of lease_ttl_ms"),
         (["gateway", "--model", str(STORIES_DIR / "stories260K.bin")],
          {"SUPERINFER_ADMIN_TOKEN": "short"}, "at least 16 characters"),
     ],
