@@ -51,7 +51,7 @@ def generation_params(
         prompt_token_ids=prompt_ids,
         sampling=sampling,
         slo=slo,
-        priority=served_priority(caller, body.priority),
+        priority=served_priority(caller, body.priority, state.directory.knobs.policy),
         tenant=caller.tenant,
         key_id=caller.key_id,
         prompt_param=prompt_param,

@@ -26,6 +26,7 @@ from gateway.auth import ApiKey, bearer
 from gateway.errors import APIError, bus_error
 from gateway.openai_models import SamplingFields
 from gateway.state import GatewayState
+from shared.policy import PRIORITY_POLICIES
 from shared.slo import SloClass, default_class
 
 
@@ -73,7 +74,17 @@ def served_class(state: GatewayState, caller: Caller, header: str | None) -> Slo
     return asked if no_tighter else ceiling
 
 
-def served_priority(caller: Caller, asked: int) -> int:
+def served_priority(caller: Caller, asked: int, policy: str) -> int:
+    """``asked``, raised to the key's floor; a 400 for a priority the policy in force does not
+    order by (as vLLM refuses one without ``--scheduling-policy priority``)."""
+    if asked != 0 and policy not in PRIORITY_POLICIES:
+        served_by = " or ".join(sorted(PRIORITY_POLICIES))
+        message = (
+            f"priority {asked}: the {policy} policy in force does not order requests by priority "
+            f"({served_by} does); rank requests by SLO class instead (x-slo-class, or the API "
+            "key's class)"
+        )
+        raise APIError(400, message, "priority")
     return asked if caller.key is None else max(asked, caller.key.min_priority)
 
 

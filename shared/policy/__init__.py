@@ -38,6 +38,7 @@ from shared.policy.routing import (
 )
 from shared.policy.types import (
     PAPER_LVF,
+    PRIORITY_POLICIES,
     Knobs,
     Plan,
     RequestState,
@@ -50,6 +51,7 @@ from shared.policy.vlt import vlt_array
 __all__ = [
     "PAPER_LVF",
     "POLICY_NAMES",
+    "PRIORITY_POLICIES",
     "ColumnarSnapshot",
     "Knobs",
     "Plan",

@@ -22,7 +22,10 @@ seat it owes. Mechanism rules that §4 leaves open (both documented in docs/sche
 a victim DRAM has no room for stays running (recompute only covers a real HBM shortage, the
 newest first, as vLLM V1), and a step that preempted by recompute admits nobody (vLLM's rule).
 
-Extensions, each a knob (``Knobs``; defaults chosen from measurements, docs/benchmarks.md):
+Requests' ``priority`` (vLLM's) ranks them within each tier of the head scan and orders the
+tail's victims, worst band first (``shared/policy/bands.py``); with one priority it changes
+nothing. Extensions, each a knob (``Knobs``; defaults chosen from measurements,
+docs/benchmarks.md):
 ``rotate_only_for_lag`` (head requests with VLT == 0 join only within free HBM: rotation
 repays lag, it never makes room for a request that is not behind its SLO),
 ``min_residency_s`` (the tail passes over requests resident for less than this, unless
@@ -42,6 +45,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from shared.policy.bands import ScanGroups
 from shared.policy.columns import (
     RUNNING_CODE,
     WAITING_CODE,
@@ -52,7 +56,7 @@ from shared.policy.columns import (
     pick_ids,
 )
 from shared.policy.common import make_chunks
-from shared.policy.fairness import fair_groups, over_served
+from shared.policy.fairness import over_served
 from shared.policy.joining import (
     EMPTY,
     Transitions,
@@ -109,21 +113,22 @@ def lvf_transitions(
             snapshot, running, growth, chosen, (EMPTY, EMPTY), True, knobs, with_batch
         )
     scores = vlt_array(columns, snapshot.t_now_s, knobs)
-    over = _over_served(snapshot, knobs)
+    groups = ScanGroups.of(columns, _over_served(snapshot, knobs))
     victims = _eligible_victims(columns, running, scores, knobs)
     b_xfer = snapshot.b_xfer_blocks
     late = late_waiting(columns, snapshot.t_now_s, knobs)
     seating = (seats_free, len(victims))
     ranks = _head_ranks(scores, blk) if knobs.lag_per_block else scores
     chosen, b_left = _head_scan(
-        columns, candidates, ranks, blk, (b_hbm, b_xfer), seating, (over, late), knobs
+        columns, candidates, ranks, blk, (b_hbm, b_xfer), seating, (groups, late), knobs
     )
+    victims = groups.displaceable(columns, victims, chosen)
     b_swap = b_xfer - b_left
     seats_owed = len(chosen) - seats_free
     leaving = (EMPTY, EMPTY)
     if b_swap > 0 or seats_owed > 0:
         owed = (b_swap, seats_owed, -b_hbm)
-        leaving = _tail_scan(snapshot, running, growth, scores, victims, owed, over)
+        leaving = _tail_scan(snapshot, running, growth, scores, victims, owed, groups)
     return join_and_pack(snapshot, running, growth, chosen, leaving, False, knobs, with_batch)
 
 
@@ -141,7 +146,7 @@ def _head_scan(
     blk: Ints,
     budgets: tuple[int, int],
     seating: tuple[int, int],
-    marks: tuple[np.ndarray | None, np.ndarray | None],
+    marks: tuple[ScanGroups, np.ndarray | None],
     knobs: Knobs,
 ) -> tuple[Ints, int]:
     """Step 3: the waiting/rotary requests taken from the head of L (in L's order, by
@@ -150,13 +155,13 @@ def _head_scan(
     victims). A rotary request whose rotate-out copy is still in flight (it holds HBM blocks)
     cannot come back yet and is passed over. With ``rotate_only_for_lag`` the requests with
     VLT == 0 are scanned after the lagging ones, within the HBM left without rotation
-    (B_left - B_xfer) and the free seats. ``marks`` is (over, late): with ``over``
-    (per-tenant fairness: the rows of over-served tenants) each scan takes the other
-    tenants' requests before the over-served ones'; ``late`` rows (``demote_late_s``) are
+    (B_left - B_xfer) and the free seats. ``marks`` is (groups, late): each scan takes
+    ``groups``' head groups in turn (priority bands, and per-tenant fairness's: the other
+    tenants' requests before the over-served ones'); ``late`` rows (``demote_late_s``) are
     scanned last, within free HBM."""
     b_hbm, b_xfer = budgets
     seats_free, num_victims = seating
-    over, late = marks
+    groups, late = marks
     is_waiting = columns.states[candidates] == WAITING_CODE  # its HBM blocks: a cached prefix
     movable = candidates[(columns.num_blocks_hbm[candidates] == 0) | is_waiting]
     demoted = EMPTY
@@ -169,12 +174,12 @@ def _head_scan(
         first, second = movable, EMPTY
     seat_credit = num_victims if b_xfer > 0 else 0  # a seat freed costs a rotation
     chosen, b_left = _take_groups(
-        columns, first, over, scores, blk, b_hbm + b_xfer, seats_free + seat_credit
+        columns, first, groups, scores, blk, b_hbm + b_xfer, seats_free + seat_credit
     )
     for rest in (second, demoted):  # within the HBM left without rotation
         seats, room = seats_free - len(chosen), b_left - b_xfer
         if len(rest) and seats > 0 and room > 0:
-            fresh, room_left = _take_groups(columns, rest, over, scores, blk, room, seats)
+            fresh, room_left = _take_groups(columns, rest, groups, scores, blk, room, seats)
             chosen, b_left = np.concatenate((chosen, fresh)), b_left - (room - room_left)
     return chosen, b_left
 
@@ -191,18 +196,19 @@ def _over_served(snapshot: ColumnarSnapshot, knobs: Knobs) -> np.ndarray | None:
 def _take_groups(
     columns: RequestColumns,
     indices: Ints,
-    over: np.ndarray | None,
+    groups: ScanGroups,
     scores: np.ndarray,
     blk: Ints,
     b_left: int,
     seats: int,
 ) -> tuple[Ints, int]:
-    """:func:`_take_in_l_order`, the fairly served tenants' rows first when ``over`` marks
-    the over-served ones (per-tenant fairness), then the rest with what is left."""
-    groups = [indices] if over is None else fair_groups(indices, over)
-    chosen, b_left = _take_in_l_order(columns, groups[0], scores, blk, b_left, seats)
-    for group in groups[1:]:
-        more, b_left = _take_in_l_order(columns, group, scores, blk, b_left, seats - len(chosen))
+    """:func:`_take_in_l_order` over ``groups``' head groups of ``indices`` in turn (the best
+    priority band first; within a band the fairly served tenants' rows first), each with
+    what the ones before left."""
+    parts = groups.head(columns, indices)
+    chosen, b_left = _take_in_l_order(columns, parts[0], scores, blk, b_left, seats)
+    for part in parts[1:]:
+        more, b_left = _take_in_l_order(columns, part, scores, blk, b_left, seats - len(chosen))
         chosen = np.concatenate((chosen, more))
     return chosen, b_left
 
@@ -279,15 +285,15 @@ def _tail_scan(
     scores: np.ndarray,
     victims: Ints,
     owed: tuple[int, int, int],
-    over: np.ndarray | None,
+    groups: ScanGroups,
 ) -> tuple[Ints, Ints]:
     """Step 4: from the tail of L (VLT ascending, later arrival first) while B_swap > 0 or a
     seat is owed, rotate out; each victim pays what it holds plus its growth (``owed``: B_swap,
     the seats owed, the HBM shortage). While HBM is short for the running requests' own growth
     (shortage > 0) any running request with VLT < 0 that holds resident blocks may go, guards
-    or not. With ``over`` (per-tenant fairness) the eligible victims of over-served tenants
-    go first. Returns (rotated out, preempted by recompute: forced victims DRAM has no room
-    for, covered newest first)."""
+    or not. Victims go by ``groups``' tail groups: the worst priority band first, and within a
+    band (per-tenant fairness) the over-served tenants' first. Returns (rotated out, preempted
+    by recompute: forced victims DRAM has no room for, covered newest first)."""
     b_swap, seats_owed, shortage = owed
     columns = snapshot.requests
     credit = np.zeros(len(columns), np.int64)
@@ -296,21 +302,36 @@ def _tail_scan(
     if shortage > 0:
         movable = (scores[running] < 0) & (columns.num_blocks_hbm[running] > 0)
         pool = running[movable & columns.resident[running]]
-        forced = _prefix_paying(columns, pool, scores, credit, min(shortage, b_swap), 0)
+        bands = groups.bands(columns, pool)[::-1]  # the worst band first
+        forced = _pay_in_turn(columns, bands, scores, credit, (min(shortage, b_swap), 0))
         num_forced = len(forced)
         paid = int(credit[forced].sum())
         b_swap, seats_owed = b_swap - paid, seats_owed - num_forced
         victims = victims[~np.isin(victims, forced)]
-    taken = EMPTY
-    for group in [victims] if over is None else fair_groups(victims, over)[::-1]:
-        more = _prefix_paying(columns, group, scores, credit, b_swap, seats_owed)
-        taken = np.concatenate((taken, more)) if len(taken) else more
-        b_swap, seats_owed = b_swap - int(credit[more].sum()), seats_owed - len(more)
+    tail_groups = groups.tail(columns, victims)
+    taken = _pay_in_turn(columns, tail_groups, scores, credit, (b_swap, seats_owed))
     rotated, no_room = split_by_dram_room(snapshot, np.concatenate((forced, taken)), num_forced)
     if not len(no_room):
         return rotated, EMPTY
     uncovered = shortage - int(credit[rotated].sum())
     return rotated, recompute_newest(columns, running, rotated, uncovered)
+
+
+def _pay_in_turn(
+    columns: RequestColumns,
+    groups: list[Ints],
+    scores: np.ndarray,
+    credit: Ints,
+    owed: tuple[int, int],
+) -> Ints:
+    """:func:`_prefix_paying` over ``groups`` in turn until ``owed`` (blocks, seats) is paid."""
+    blocks, seats = owed
+    taken = EMPTY
+    for group in groups:
+        more = _prefix_paying(columns, group, scores, credit, blocks, seats)
+        taken = np.concatenate((taken, more)) if len(taken) else more
+        blocks, seats = blocks - int(credit[more].sum()), seats - len(more)
+    return taken
 
 
 def _prefix_paying(

@@ -162,6 +162,9 @@ class Snapshot:
 
 
 POLICY_NAMES = ("vllm", "vllm-priority", "swap", "edf", "lvf")  # shared/policy/registry.py
+# Those that order requests by their ``priority`` (lower first); under the others a request
+# asking for one is refused, as vLLM refuses it without --scheduling-policy priority.
+PRIORITY_POLICIES = frozenset({"vllm-priority", "lvf"})
 
 _TIME_AND_WEIGHT_KNOBS = (
     "alpha",

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from gateway.auth import ApiKey
+from gateway.errors import APIError
 from gateway.tenancy import Caller, served_class, served_priority
 from shared.slo import DEFAULT_SLO_CLASSES, SloClass
 from tests.served import Served
@@ -60,10 +61,19 @@ def test_a_default_class_that_is_not_one_serves_in_the_loosest() -> None:
 
 
 def test_priority_is_clamped_to_the_key_floor() -> None:
-    assert served_priority(_caller("batch"), -100) == 0
-    assert served_priority(_caller("batch"), 7) == 7
-    assert served_priority(_caller("batch", min_priority=-5), -100) == -5
-    assert served_priority(Caller(None), -100) == -100  # open mode
+    assert served_priority(_caller("batch"), -100, "lvf") == 0
+    assert served_priority(_caller("batch"), 7, "lvf") == 7
+    assert served_priority(_caller("batch", min_priority=-5), -100, "vllm-priority") == -5
+    assert served_priority(Caller(None), -100, "lvf") == -100  # open mode
+
+
+@pytest.mark.parametrize("policy", ["vllm", "swap", "edf"])
+def test_a_priority_the_policy_does_not_order_by_is_refused(policy: str) -> None:
+    """Accepted and ignored before (only vllm-priority read it); lvf orders by it now."""
+    with pytest.raises(APIError, match=f"the {policy} policy in force") as refused:
+        served_priority(Caller(None), -3, policy)
+    assert refused.value.param == "priority"
+    assert served_priority(Caller(None), 0, policy) == 0  # the default is no request at all
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ are held to their references (tests/shared/policy_reference.py) here too.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 from hypothesis import given, settings
@@ -182,14 +183,17 @@ def freed_now(view: RequestView) -> int:
     return min(view.num_blocks_hbm, max(0, view.num_blocks_dram))
 
 
-def l_key(view: RequestView, snapshot: Snapshot, knobs: Knobs) -> tuple[bool, float, float, int]:
+def l_key(view: RequestView, snapshot: Snapshot, knobs: Knobs) -> tuple[Any, ...]:
     """L's order for the head: VLT descending (with ``lag_per_block``, a lagging request's
-    VLT per block of its blk(r)), requests late by ``demote_late_s`` last."""
+    VLT per block of its blk(r)), requests late by ``demote_late_s`` last, those not lagging
+    before them (``rotate_only_for_lag``), and within each of these the best priority band
+    first."""
     late = is_late(view, snapshot, knobs)
     rank = snapshot_vlt(view, snapshot, knobs)
     if knobs.lag_per_block and rank > 0:
         rank /= max(1, demand_blocks(view, snapshot.block_size))
-    return (late, -rank, view.t_arr_s, view.arrival_seq)
+    not_lagging = knobs.rotate_only_for_lag and rank <= 0  # scanned after the lagging ones
+    return (late, not_lagging, view.priority, -rank, view.t_arr_s, view.arrival_seq)
 
 
 def ttft_slo(view: RequestView, knobs: Knobs) -> float:
@@ -273,7 +277,7 @@ def rotated_in_tail_order(
 ) -> list[RequestView]:
     return sorted(
         rotated,
-        key=lambda v: (snapshot_vlt(v, snapshot, knobs), -v.t_arr_s, -v.arrival_seq),
+        key=lambda v: (-v.priority, snapshot_vlt(v, snapshot, knobs), -v.t_arr_s, -v.arrival_seq),
     )
 
 
@@ -321,19 +325,25 @@ def packed_first_by_deadline(
 def check_tail_order(
     snapshot: Snapshot, knobs: Knobs, plan: Plan, rotated: list[RequestView], shortage: int
 ) -> None:
-    """The tail takes the lowest-VLT eligible requests: one staying, eligible and ahead of a
+    """The tail takes the lowest-VLT eligible requests of the worst priority band first, and
+    no request of a better band than every one joining: one staying, eligible and ahead of a
     victim in tail order, must have lacked DRAM room."""
     if not rotated or shortage > 0:
         return
     leaving = set(plan.rotate_out_ids) | set(plan.preempt_ids)
+    views = {v.request_id: v for v in snapshot.requests}
+    joined = [views[r].priority for r in plan.admit_ids + plan.resume_ids]
+    assert not joined or min(v.priority for v in rotated) >= min(joined)
     order = rotated_in_tail_order(rotated, snapshot, knobs)
-    last_key = (snapshot_vlt(order[-1], snapshot, knobs), -order[-1].t_arr_s)
+    last = order[-1]
+    last_key = (-last.priority, snapshot_vlt(last, snapshot, knobs), -last.t_arr_s)
     for u in snapshot.requests:
         if u.state is not RequestState.RUNNING or u.request_id in leaving:
             continue
         score = snapshot_vlt(u, snapshot, knobs)
         eligible = score < 0 and u.resident and u.num_blocks_hbm and settled(u, snapshot, knobs)
-        if eligible and (score, -u.t_arr_s) < last_key:
+        eligible = eligible and (not joined or u.priority >= min(joined))
+        if eligible and (-u.priority, score, -u.t_arr_s) < last_key:
             assert u.num_blocks_hbm > u.num_blocks_dram, u
 
 
