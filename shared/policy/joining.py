@@ -115,9 +115,10 @@ def split_by_dram_room(
 
 
 def recompute_newest(columns: RequestColumns, running: Ints, rotated: Ints, shortage: int) -> Ints:
-    """From the end of the running list (the newest, as vLLM V1's ``running.pop()``), the
-    requests to preempt by recompute until ``shortage`` blocks are freed; passed over:
-    requests rotating out, holding no HBM block, or whose KV is still arriving."""
+    """From the end of ``running`` (the newest, as vLLM V1's ``running.pop()``; LVF gives it
+    by priority band, the worst last), the requests to preempt by recompute until ``shortage``
+    blocks are freed; passed over: requests rotating out, holding no HBM block, or whose KV
+    is still arriving."""
     if shortage <= 0:
         return EMPTY
     leaves = np.zeros(len(columns), np.bool_)

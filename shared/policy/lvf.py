@@ -314,7 +314,8 @@ def _tail_scan(
     if not len(no_room):
         return rotated, EMPTY
     uncovered = shortage - int(credit[rotated].sum())
-    return rotated, recompute_newest(columns, running, rotated, uncovered)
+    in_band_order = np.concatenate(groups.bands(columns, running))  # its newest: the worst's
+    return rotated, recompute_newest(columns, in_band_order, rotated, uncovered)
 
 
 def _pay_in_turn(

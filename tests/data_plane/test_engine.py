@@ -324,3 +324,20 @@ def test_a_long_prefill_leaves_room_for_a_short_prompt_behind_it(stories, policy
     assert outputs[16] == outputs[0]  # chunking changes when, never what
     with pytest.raises(ValueError, match="long_prefill_token_threshold"):
         EngineConfig(long_prefill_token_threshold=-1)
+
+
+@pytest.mark.parametrize("policy", ["lvf", "vllm-priority"])
+def test_the_better_priority_is_served_first_when_one_request_fits(stories, policy: str) -> None:
+    """HBM holds one request at a time: of two waiting, the one of the better (lower) priority
+    runs first whoever arrived first (LVF's bands, vLLM's priority scheduling)."""
+    config = EngineConfig(block_size=4, num_hbm_blocks=12, max_num_seqs=4)
+    engine = build_engine(stories, config, Knobs(policy=policy))
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)  # 9 + 20 tokens
+    engine.add_request("first", [1] * 9, params, priority=5)
+    engine.add_request("better", [1] * 9, params, priority=0)
+    finished: list[str] = []
+    for _ in range(500):
+        finished += [o.request_id for o in engine.step().outputs if o.finished]
+        if len(finished) == 2:
+            break
+    assert finished == ["better", "first"]

@@ -331,9 +331,9 @@ def check_tail_order(
     if not rotated or shortage > 0:
         return
     leaving = set(plan.rotate_out_ids) | set(plan.preempt_ids)
-    views = {v.request_id: v for v in snapshot.requests}
-    joined = [views[r].priority for r in plan.admit_ids + plan.resume_ids]
-    assert not joined or min(v.priority for v in rotated) >= min(joined)
+    # room is made for the chosen (who join once it is free): never of a better band than all
+    candidates = [v.priority for v in snapshot.requests if v.state is not RequestState.RUNNING]
+    assert min(v.priority for v in rotated) >= min(candidates)
     order = rotated_in_tail_order(rotated, snapshot, knobs)
     last = order[-1]
     last_key = (-last.priority, snapshot_vlt(last, snapshot, knobs), -last.t_arr_s)
@@ -342,14 +342,14 @@ def check_tail_order(
             continue
         score = snapshot_vlt(u, snapshot, knobs)
         eligible = score < 0 and u.resident and u.num_blocks_hbm and settled(u, snapshot, knobs)
-        eligible = eligible and (not joined or u.priority >= min(joined))
         if eligible and (-u.priority, score, -u.t_arr_s) < last_key:
             assert u.num_blocks_hbm > u.num_blocks_dram, u
 
 
 def check_recompute_victims(snapshot: Snapshot, plan: Plan, shortage: int) -> None:
     """LVF recomputes only for a real shortage (the running requests' growth over the free
-    HBM, less what rotates out), and then the newest running requests first, as vLLM: the
+    HBM, less what rotates out), and then the worst priority band's newest running requests
+    first, as vLLM: the
     shortest prefix of the running list, from its end, that covers it (requests rotating
     out, holding no block or whose KV is still arriving passed over)."""
     if not plan.preempt_ids:
@@ -364,6 +364,7 @@ def check_recompute_victims(snapshot: Snapshot, plan: Plan, shortage: int) -> No
         and v.num_blocks_hbm
         and v.resident
     ]
+    eligible.sort(key=lambda r: -views[r].priority)  # the worst band's newest first (stable)
     assert plan.preempt_ids == eligible[: len(plan.preempt_ids)]
     held = [views[r].num_blocks_hbm for r in plan.preempt_ids]
     assert sum(held) - held[-1] < shortage
