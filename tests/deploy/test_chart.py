@@ -69,9 +69,10 @@ VARIANT_VALUES: dict[str, Any] = {
     "serviceAccount": {"create": False, "name": "inference"},
     "gateway": {"autoscaling": {"enabled": False}, "pdb": {"enabled": False}, "replicas": 3},
     "model": {"source": "none", "path": "tiny-random", "dtype": ""},
-    # null: left to the worker (sized by gpu_memory_utilization; B_xfer from the knobs); they
-    # rendered as "" and "<nil>", which the worker's settings refused at start
-    "dataPlane": {"hbmKvGiB": None, "bXfer": None},
+    # null: left to the worker (sized by gpu_memory_utilization; B_xfer the knob's default);
+    # they rendered as "" and "<nil>", which the worker's settings refused at start
+    "dataPlane": {"hbmKvGiB": None},
+    "config": {"knobs": {"b_xfer": None, "policy": "edf"}},
 }
 
 
@@ -143,6 +144,8 @@ def test_helm_is_the_real_one() -> None:
         {"redis": {"auth": {"password": "short"}}},
         {"redis": {"auth": {"password": "not/url safe but long enough"}}},
         {"adminToken": {"value": "change-me"}},
+        {"dataPlane": {"policy": "vllm"}},  # the knobs are config.knobs: one place
+        {"dataPlane": {"bXfer": 300}},
     ],
 )
 def test_bad_values_fail_to_render(bad: dict[str, Any]) -> None:
@@ -529,6 +532,10 @@ def test_notes_tell_how_to_reach_the_gateway(values: Any, expected: str) -> None
 
 def test_variant_branches(variant_docs: list[Manifest]) -> None:
     c = container(find(variant_docs, "StatefulSet", "-data-plane"))
+    # the worker seeds an empty Redis with the control plane's knobs (one place sets them)
+    assert env_of(c)["SUPERINFER_POLICY"]["value"] == "edf"
+    config = find(variant_docs, "ConfigMap", "-config")
+    assert json.loads(config["data"]["knobs.json"])["policy"] == "edf"
     assert env_of(c)["SUPERINFER_MODEL"]["value"] == "tiny-random"
     assert "SUPERINFER_DTYPE" not in env_of(c)
     assert "SUPERINFER_HBM_KV_GIB" not in env_of(c) and "SUPERINFER_B_XFER" not in env_of(c)
@@ -596,7 +603,8 @@ def test_containers_run_superinfer_commands_with_valid_settings(
     settings: Any = start_settings(c["args"], resolved_env(c, docs), monkeypatch)
     assert settings.redis_url.startswith(("redis://", "rediss://"))
     if component == "control-plane":
-        assert settings.health_port == 9090 and settings.knobs["policy"] == "lvf"
+        policy = "edf" if which == "variant" else "lvf"  # the variant's config.knobs
+        assert settings.health_port == 9090 and settings.knobs["policy"] == policy
         assert set(settings.slo_classes) == {"interactive", "standard", "batch"}
     elif component == "data-plane":
         assert settings.health_port == 9090 and settings.device == "cuda"
