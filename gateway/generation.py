@@ -35,6 +35,7 @@ class GenerationParams:
     priority: int = 0
     tenant: str | None = None
     key_id: str | None = None  # the API key's id, for its limits
+    end_user: str | None = None  # OpenAI's ``user``: kept in the request's lifecycle record
     prompt_param: str = "prompt"  # the body's field the prompt came from (chat: messages)
     # when the client's request arrived (None: now); n > 1 siblings share their first's
     t_arr_s: float | None = None

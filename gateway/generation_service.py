@@ -131,6 +131,8 @@ class GenerationService:
         fields["priority"] = generation.params.priority  # as served (a key's floor applied)
         if generation.params.tenant is not None:
             fields["tenant"] = generation.params.tenant
+        if generation.params.end_user is not None:  # for abuse monitoring, as OpenAI's
+            fields["user"] = generation.params.end_user
         if timeline.t_first_s is not None:
             fields["first_token_s"] = timeline.t_first_s
         self._record(generation.request_id, **fields)

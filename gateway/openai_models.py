@@ -84,7 +84,8 @@ class SamplingFields(BaseModel):
     repetition_penalty: Annotated[float, Field(gt=0.0, le=100.0)] | None = None
     logit_bias: Annotated[dict[str, Any], Field(max_length=1024)] | None = None
     response_format: Any = None
-    user: str | None = None
+    # OpenAI's end-user id (abuse monitoring): kept in the request's lifecycle record
+    user: Annotated[str, Field(max_length=512)] | None = None
     # OpenAI fields this server does not serve beyond their defaults (gateway.unsupported)
     store: Any = None
     metadata: Any = None

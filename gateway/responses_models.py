@@ -47,8 +47,8 @@ class ResponsesRequest(BaseModel):
     parallel_tool_calls: bool | None = None
     text: dict[str, Any] | None = None
     metadata: Annotated[dict[str, str], Field(max_length=MAX_METADATA_KEYS)] | None = None
-    user: str | None = None
-    safety_identifier: str | None = None
+    user: Annotated[str, Field(max_length=512)] | None = None
+    safety_identifier: Annotated[str, Field(max_length=512)] | None = None
     # requests with the same key go to the same worker (where its prefix cache is)
     prompt_cache_key: Annotated[str, Field(max_length=1024)] | None = None
     # vLLM's extra sampling fields, applied as in chat completions

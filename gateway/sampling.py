@@ -54,6 +54,7 @@ def generation_params(
         priority=served_priority(caller, body.priority, state.directory.knobs.policy),
         tenant=caller.tenant,
         key_id=caller.key_id,
+        end_user=body.user,
         prompt_param=prompt_param,
     )
 

@@ -82,6 +82,19 @@ def admin(served: Served) -> Iterator[httpx.Client]:
         yield client
 
 
+def _lifecycle(served: Served, admin: httpx.Client, body: dict[str, Any], headers: Any) -> Any:
+    """The lifecycle record of a completion of ``body``, once the gateway wrote its part."""
+    response = httpx.post(f"{served.url}/v1/completions", json=body, headers=headers, timeout=30)
+    assert response.status_code == 200, response.text
+    deadline = time.monotonic() + 10
+    while True:  # the gateway writes its part of the record as the request finishes
+        record = admin.get(f"/admin/v1/requests/{response.json()['id']}").json()
+        lifecycle = record.get("lifecycle", {})
+        if ("priority" in lifecycle and "slo_class" in lifecycle) or time.monotonic() > deadline:
+            return lifecycle
+        time.sleep(0.05)
+
+
 def _served_as(
     served: Served, admin: httpx.Client, key: str | None, slo: str | None, priority: int
 ) -> tuple[str, float]:
@@ -90,15 +103,18 @@ def _served_as(
     if slo is not None:
         headers["x-slo-class"] = slo
     body = {"prompt": "Once", "max_tokens": 2, "priority": priority}
-    response = httpx.post(f"{served.url}/v1/completions", json=body, headers=headers, timeout=30)
-    assert response.status_code == 200, response.text
-    deadline = time.monotonic() + 10
-    while True:  # the gateway writes its part of the record as the request finishes
-        record = admin.get(f"/admin/v1/requests/{response.json()['id']}").json()
-        lifecycle = record.get("lifecycle", {})
-        if ("priority" in lifecycle and "slo_class" in lifecycle) or time.monotonic() > deadline:
-            return lifecycle.get("slo_class", ""), lifecycle.get("priority", float("nan"))
-        time.sleep(0.05)
+    lifecycle = _lifecycle(served, admin, body, headers)
+    return lifecycle.get("slo_class", ""), lifecycle.get("priority", float("nan"))
+
+
+def test_openai_user_is_kept_in_the_lifecycle_record(served: Served, admin: httpx.Client) -> None:
+    """OpenAI's ``user`` (an end-user id for abuse monitoring) was accepted and dropped."""
+    body = {"prompt": "Once", "max_tokens": 2, "user": "end-user-42"}
+    assert _lifecycle(served, admin, body, {}).get("user") == "end-user-42"
+    too_long = httpx.post(
+        f"{served.url}/v1/completions", json={**body, "user": "u" * 513}, timeout=30
+    )
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "user"
 
 
 def test_a_batch_key_asking_for_interactive_is_served_as_batch(
