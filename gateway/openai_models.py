@@ -21,6 +21,7 @@ _MAX_INT = 2**31 - 1
 PositiveInt = Annotated[int, Field(ge=1, le=_MAX_INT)]
 TokenId = Annotated[int, Field(ge=0, le=_MAX_INT)]
 NumLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
+MAX_USER_CHARS = 512  # OpenAI's ``user``: an end-user id
 
 
 def valid_unicode(value: Any) -> Any:
@@ -85,7 +86,7 @@ class SamplingFields(BaseModel):
     logit_bias: Annotated[dict[str, Any], Field(max_length=1024)] | None = None
     response_format: Any = None
     # OpenAI's end-user id (abuse monitoring): kept in the request's lifecycle record
-    user: Annotated[str, Field(max_length=512)] | None = None
+    user: str | None = None
     # OpenAI fields this server does not serve beyond their defaults (gateway.unsupported)
     store: Any = None
     metadata: Any = None
@@ -111,6 +112,14 @@ class SamplingFields(BaseModel):
         "guided_choice",
         "guided_grammar",
     )(valid_unicode)
+
+    @field_validator("user")
+    @classmethod
+    def _short_user(cls, value: str | None) -> str | None:
+        """An id, kept in the lifecycle record: not a place for a megabyte."""
+        if value is not None and len(value) > MAX_USER_CHARS:
+            raise ValueError(f"at most {MAX_USER_CHARS} characters, got {len(value)}")
+        return value
 
     @field_validator("stream", mode="before")
     @classmethod

@@ -117,7 +117,7 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
     if max_tokens == 0 and not body.echo:
         raise APIError(400, "max_tokens 0 needs echo: true", param="max_tokens")
     prompts = state.prompts.completion(body.prompt)
-    choices = await admit_and_start(state, request, body, prompts, max(1, max_tokens), "cmpl-")
+    choices = await admit_and_start(state, request, body, prompts, max_tokens, "cmpl-")
     request_id, decode = _response_id(choices), state.prompts.token_text
     if body.echo:
         with owned(state, choices):

@@ -63,7 +63,15 @@ def _max_tokens(
     requested: int | None, num_prompt: int, max_model_len: int, prompt_param: str
 ) -> int:
     """The request's max_tokens, the rest of the context when it gives none (vLLM's rule); a
-    400 naming the prompt when it fills the context alone, else ``max_tokens``."""
+    400 naming the prompt when it fills the context alone, else ``max_tokens``. 0 (an
+    echo-only completion: its prompt scored, nothing generated) may fill the whole context
+    and samples one token, which is not returned."""
+    if requested == 0:
+        if num_prompt > max_model_len:
+            message = f"the prompt has {num_prompt} tokens, over this model's maximum context "
+            message += f"length of {max_model_len} tokens"
+            raise APIError(400, message, param=prompt_param, code="context_length_exceeded")
+        return 1
     max_tokens = max_model_len - num_prompt if requested is None else requested
     if num_prompt + max_tokens > max_model_len or max_tokens < 1:
         limit = f"this model's maximum context length of {max_model_len} tokens"

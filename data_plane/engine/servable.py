@@ -20,20 +20,23 @@ def check_servable(
     max_model_len: int,
     vocab_size: int | None,
 ) -> None:
-    """Raise :class:`RequestError` for a prompt or parameters no iteration could serve."""
+    """Raise :class:`RequestError` for a prompt or parameters no iteration could serve. A
+    request of one token (an echo-only scoring: lm-eval's loglikelihood) may fill the context:
+    the token it samples is never fed back, so its KV is never written."""
     if not prompt_token_ids:
         raise RequestError("prompt is empty (it needs at least one token, e.g. BOS)", "prompt")
-    if len(prompt_token_ids) >= max_model_len:
+    one_token = params.max_tokens == 1
+    if len(prompt_token_ids) >= max_model_len + one_token:
+        room = "" if one_token else " (prompt + at least one generated token)"
         raise RequestError(
-            f"prompt has {len(prompt_token_ids)} tokens; the context holds "
-            f"{max_model_len} (prompt + at least one generated token)",
+            f"prompt has {len(prompt_token_ids)} tokens; the context holds {max_model_len}{room}",
             "prompt",
         )
     if vocab_size is not None:
         _check_ids(prompt_token_ids, vocab_size, "prompt", "prompt token ids")
         _check_ids(params.stop_token_ids, vocab_size, "stop_token_ids", "stop_token_ids")
         _check_ids(params.logit_bias_ids, vocab_size, "logit_bias", "logit_bias token ids")
-    needed = kv.blocks_for(len(prompt_token_ids) + 1)
+    needed = kv.blocks_for(len(prompt_token_ids) + (not one_token))
     if needed > kv.num_hbm_blocks:
         raise RequestError(
             f"prompt needs {needed} KV blocks; the HBM pool has {kv.num_hbm_blocks}", "prompt"

@@ -90,7 +90,7 @@ CORPUS: list[tuple[str, str, bytes, int]] = [  # (name, path, raw body, expected
     ("mega-content", CHAT, _chat(MEGA), 400),
     ("mega-model", COMPLETIONS, _prompt(model=MEGA), 404),
     ("mega-stop", COMPLETIONS, _prompt(stop=MEGA), 400),
-    ("mega-user", COMPLETIONS, _prompt(user=MEGA), 200),
+    ("mega-user", COMPLETIONS, _prompt(user=MEGA), 400),  # kept in the record: at most 512
     ("prompt-number", COMPLETIONS, b'{"prompt": 5}', 400),
     ("prompt-object", COMPLETIONS, b'{"prompt": {"$ne": 1}}', 400),
     ("prompt-token-too-big", COMPLETIONS, b'{"prompt": [4294967296]}', 400),

@@ -118,6 +118,31 @@ def test_completions_echo_logprobs_are_what_lm_eval_reads(
             assert logprobs["tokens"][-1] == _cached_text(served, greedy)
 
 
+def test_an_echo_only_prompt_may_fill_the_context(
+    served: Served, reference: StoriesReference
+) -> None:
+    """lm-eval truncates a loglikelihood context to the model's max length: an echo-only
+    request (max_tokens 0) of exactly max_model_len tokens is scored (it was a 400 saying
+    max_tokens is 1); one token more is a 400 naming the prompt."""
+    models = httpx.get(f"{served.url}/v1/models", timeout=30).json()["data"]
+    max_model_len = models[0]["max_model_len"]
+    story = _tokenize(served, "Once upon a time, there was a little girl named Lily.")
+    prompt = (story * (max_model_len // len(story) + 1))[:max_model_len]
+    body = {"model": MODEL, "prompt": prompt, "echo": True, "logprobs": 0, "max_tokens": 0,
+            "temperature": 0}  # fmt: skip
+    out = httpx.post(f"{served.url}/v1/completions", json=body, timeout=120)
+    assert out.status_code == 200, out.text
+    logprobs = out.json()["choices"][0]["logprobs"]["token_logprobs"]
+    assert len(logprobs) == max_model_len and out.json()["usage"]["completion_tokens"] == 0
+    last = reference.logprobs(prompt)[-2, prompt[-1]].item()  # the last prompt token's
+    assert abs(logprobs[-1] - last) <= TOLERANCE
+    over = httpx.post(
+        f"{served.url}/v1/completions", json={**body, "prompt": [*prompt, prompt[0]]}, timeout=60
+    )
+    assert over.status_code == 400 and over.json()["error"]["param"] == "prompt", over.text
+    assert "max_tokens is" not in over.json()["error"]["message"]
+
+
 def test_completions_logprobs_stream_and_prompt_logprobs(
     served: Served, reference: StoriesReference
 ) -> None:
