@@ -75,8 +75,11 @@ def run_capacity(
     tol: float,
     make_job: JobFn,
     workers: int,
+    metric: str = CAPACITY_METRIC,
 ) -> list[CapacityCell]:
-    """Capacity of every policy on every (trace, profile, vllm's knee) of ``cells``."""
+    """Capacity of every policy on every (trace, profile, vllm's knee) of ``cells``: the
+    highest rate where ``metric`` (a row's attainment: both SLOs, or both without a stall)
+    reaches ``CAPACITY_TARGET``."""
     searches: dict[CapKey, CrossingSearch] = {
         (name, profile, policy, seed): CrossingSearch(
             START_X_KNEE * knee, CAPACITY_TARGET, tol, START_STEP
@@ -97,11 +100,11 @@ def run_capacity(
         name, profile, policy, seed = key
         print(
             f"  capacity {name} {profile} {policy} seed {seed} @ {rate:.3g}: "
-            f"both SLOs {100 * row[CAPACITY_METRIC]:.1f} %",
+            f"{metric} {100 * row[metric]:.1f} %",
             flush=True,
         )
 
-    run_searches(searches, job, CAPACITY_METRIC, workers, show)
+    run_searches(searches, job, metric, workers, show)
     return [
         CapacityCell(
             name,
@@ -112,9 +115,10 @@ def run_capacity(
     ]
 
 
-def print_capacity(cells: Sequence[CapacityCell]) -> None:
+def print_capacity(cells: Sequence[CapacityCell], metric: str = CAPACITY_METRIC) -> None:
     print(f"\n== SLO capacity (highest rate with >= {100 * CAPACITY_TARGET:.0f} % of requests")
-    print("   meeting TTFT and TPOT; mean over seeds [95 % bootstrap interval])")
+    stall = ", no gap over 10 x S_B" if metric == "stall_free_attainment" else ""
+    print(f"   meeting TTFT and TPOT{stall}; mean over seeds [95 % bootstrap interval])")
     for c in cells:
         parts = []
         for policy in c.by_policy:
@@ -128,13 +132,17 @@ def print_capacity(cells: Sequence[CapacityCell]) -> None:
         print(line)
 
 
-def capacity_fields(cells: Sequence[CapacityCell]) -> dict[str, float]:
+def capacity_fields(
+    cells: Sequence[CapacityCell], metric: str = CAPACITY_METRIC
+) -> dict[str, float]:
     """``capacity_ratio_<trace>_<gpu>`` with ``_lo`` / ``_hi`` for the RESULT line, and with
     ``--ceilings`` ``capacity_free_link_<...>`` and ``capacity_ample_hbm_<...>`` (ratios to
-    vllm)."""
+    vllm); ``capacity_ratio_stall_free_<...>`` and so on under the stall-free metric."""
     out: dict[str, float] = {}
     names = {"lvf": "capacity_ratio", "lvf-free-link": "capacity_free_link"}
     names["vllm-ample-hbm"] = "capacity_ample_hbm"
+    if metric == "stall_free_attainment":
+        names = {policy: f"{name}_stall_free" for policy, name in names.items()}
     for c in cells:
         for policy, name in names.items():
             if {policy, "vllm"} <= set(c.by_policy):

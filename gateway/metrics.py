@@ -283,8 +283,9 @@ class _WorkerCollector(Collector):
         for name in _NUMERIC_KNOBS + _SWITCH_KNOBS:
             knobs.add_metric([name], float(getattr(d.knobs, name)))
         knobs.add_metric(["b_xfer"], -1.0 if d.knobs.b_xfer is None else float(d.knobs.b_xfer))
-        late = d.knobs.demote_late_s  # -1: off
-        knobs.add_metric(["demote_late_s"], -1.0 if late is None else late)
+        for name in ("demote_late_s", "max_pause_s"):  # -1: off
+            value = getattr(d.knobs, name)
+            knobs.add_metric([name], -1.0 if value is None else value)
         policy = GaugeMetricFamily("superinfer:policy_info", "Current policy", labels=["policy"])
         policy.add_metric([d.knobs.policy], 1.0)
         version = GaugeMetricFamily("superinfer:knobs_version", "Version of the knobs hash")

@@ -104,12 +104,48 @@ def _required_output(functions: dict[str, dict[str, Any]], parallel: bool) -> St
                         "share one schema",
                         param=f"tools.{index}.function.parameters",
                     )
+        if _has_root_refs(parameters):  # "#" or "#/properties/..." meant the tool's own root
+            own = f"__tool_{index}"
+            lifted["$defs"][own] = _rebased(parameters, f"#/$defs/{own}")
+            parameters = {"$ref": f"#/$defs/{own}"}
         items.append(_call_schema(name, parameters))
     array: dict[str, Any] = {"type": "array", "items": {"anyOf": items}, "minItems": 1}
     if not parallel:
         array["maxItems"] = 1
     array |= {key: defs for key, defs in lifted.items() if defs}
     return StructuredOutput("json", json.dumps(array))
+
+
+_LIFTED_REFS = ("#/$defs/", "#/definitions/")
+
+
+def _refs(schema: Any) -> list[str]:
+    """Every ``$ref`` string inside ``schema``."""
+    if isinstance(schema, dict):
+        own = [schema["$ref"]] if isinstance(schema.get("$ref"), str) else []
+        return own + [ref for value in schema.values() for ref in _refs(value)]
+    if isinstance(schema, list):
+        return [ref for value in schema for ref in _refs(value)]
+    return []
+
+
+def _has_root_refs(parameters: dict[str, Any]) -> bool:
+    """Whether a reference points at the parameters' own root (not at the lifted defs)."""
+    return any(r.startswith("#") and not r.startswith(_LIFTED_REFS) for r in _refs(parameters))
+
+
+def _rebased(schema: Any, base: str) -> Any:
+    """``schema`` with its root-relative references (``#``, ``#/properties/...``) moved under
+    ``base``; those into the lifted ``$defs`` / ``definitions`` stay."""
+    if isinstance(schema, list):
+        return [_rebased(value, base) for value in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _rebased(value, base) for key, value in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#") and not ref.startswith(_LIFTED_REFS):
+        out["$ref"] = base + ref[1:]
+    return out
 
 
 def _function(tool: Any, index: int) -> dict[str, Any]:

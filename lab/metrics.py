@@ -17,6 +17,9 @@ Definitions (SUPERINFER.md §1, §7):
   ``--goodput ttft:... tpot:...``); SLO attainment = the fraction of requests meeting both
   (DistServe's: a rate is within capacity when it is >= 90 %); output token throughput =
   output tokens per second.
+- stall-free SLO attainment = the fraction meeting both and never pausing longer than
+  ``STALL_X_SB`` x S_B between two tokens (1 s at 100 ms): a mean TPOT can be met by a stream
+  that freezes for many seconds once it is ahead of its schedule, which a reader sees.
 
 The run's duration is the first arrival to the last token (the queue's drain included), unless
 the caller passes one. Percentiles interpolate linearly (numpy's default); None when there is
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 SLO_EPS_S = 1e-9
+STALL_X_SB = 10.0  # a gap longer than this many S_B is a stall (stall-free attainment)
 # Keys of one result row of `superinfer simulate` and `superinfer bench`, in order.
 ROW_KEYS = (
     "policy",
@@ -41,6 +45,7 @@ ROW_KEYS = (
     "tbt_attainment",
     "tpot_attainment",
     "slo_attainment",
+    "stall_free_attainment",
     "goodput_rps",
     "output_tokens_per_s",
     "ttft_p50_s",
@@ -74,6 +79,7 @@ class SloSummary:
     tbt_attainment: float
     tpot_attainment: float
     slo_attainment: float  # requests meeting both TTFT and TPOT, of all requests
+    stall_free_attainment: float  # ... and no gap over STALL_X_SB x S_B
     goodput_rps: float
     output_tokens_per_s: float
     ttft_p50_s: float | None
@@ -115,6 +121,13 @@ def meets_tpot(timeline: RequestTimeline) -> bool:
         return False
     value = tpot_s(timeline)
     return value is None or value <= timeline.slo_tbt_s + SLO_EPS_S
+
+
+def stalls(timeline: RequestTimeline) -> bool:
+    """Whether two consecutive tokens are more than ``STALL_X_SB`` x S_B apart."""
+    times = timeline.token_times_s
+    limit = STALL_X_SB * timeline.slo_tbt_s + SLO_EPS_S
+    return any(times[i + 1] - times[i] > limit for i in range(len(times) - 1))
 
 
 def percentile(values: Sequence[float] | np.ndarray, q: float) -> float | None:
@@ -160,7 +173,9 @@ def summarize(timelines: Sequence[RequestTimeline], duration_s: float | None = N
     tpot_ok = [meets_tpot(t) for t in timelines]
     gaps, gap_slos = _all_gaps(timelines)
     num_tokens = sum(len(t.token_times_s) for t in timelines)
-    num_good = sum(1 for a, b in zip(ttft_ok, tpot_ok, strict=True) if a and b)
+    good = [a and b for a, b in zip(ttft_ok, tpot_ok, strict=True)]
+    num_good = sum(good)
+    num_stall_free = sum(1 for ok, t in zip(good, timelines, strict=True) if ok and not stalls(t))
     return SloSummary(
         num_requests=n,
         num_served=len(ttfts),
@@ -169,6 +184,7 @@ def summarize(timelines: Sequence[RequestTimeline], duration_s: float | None = N
         tbt_attainment=float(np.mean(gaps <= gap_slos + SLO_EPS_S)) if len(gaps) else 1.0,
         tpot_attainment=sum(tpot_ok) / n if n else 1.0,
         slo_attainment=num_good / n if n else 1.0,
+        stall_free_attainment=num_stall_free / n if n else 1.0,
         goodput_rps=num_good / duration if duration > 0 else 0.0,
         output_tokens_per_s=num_tokens / duration if duration > 0 else 0.0,
         ttft_p50_s=percentile(ttfts, 50),
@@ -187,6 +203,7 @@ def slo_fields(summary: SloSummary) -> dict[str, float | None]:
         "tbt_attainment": summary.tbt_attainment,
         "tpot_attainment": summary.tpot_attainment,
         "slo_attainment": summary.slo_attainment,
+        "stall_free_attainment": summary.stall_free_attainment,
         "goodput_rps": summary.goodput_rps,
         "output_tokens_per_s": summary.output_tokens_per_s,
         "ttft_p50_s": summary.ttft_p50_s,

@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from shared.sampling import StructuredOutput
+from shared.schema_support import unenforced_keyword
 
 # xgrammar's messages start "[03:42:01] /project/cpp/regex_converter.cc:94: ": not the client's
 _SOURCE_PREFIX = re.compile(r"^(?:\[[\d:]+\]\s*)?\S+\.(?:cc|cpp|h|py):\d+:\s*")
@@ -27,6 +28,9 @@ def build_grammar(structured: StructuredOutput) -> Any:
     kind, spec = structured.kind, structured.spec
     try:
         if kind == "json":
+            problem = unenforced_keyword(json.loads(spec))
+            if problem is not None:
+                raise GrammarError(f"the json structured output: {problem}")
             return xgrammar.Grammar.from_json_schema(spec, any_whitespace=False)
         if kind == "regex":
             return xgrammar.Grammar.from_regex(spec)

@@ -41,8 +41,9 @@ _BOOL_FIELDS = {
     "lag_per_block",
     "tpot_lag",
 }
-# Optional knobs' text for None (b_xfer: auto, the link's measure; demote_late_s: off)
-_NONE_TEXT = {"b_xfer": "auto", "demote_late_s": "off"}
+# Optional knobs' text for None (b_xfer: auto, the link's measure; demote_late_s and
+# max_pause_s: off)
+_NONE_TEXT = {"b_xfer": "auto", "demote_late_s": "off", "max_pause_s": "off"}
 _BOOL_TEXT = {"true": True, "1": True, "false": False, "0": False}
 MAX_B_XFER_BLOCKS = 2**31 - 1  # blocks per iteration: 4 TB/s for 1 s in 2 KB blocks
 # (low, high), inclusive. Times: up to a day. Multipliers of a lag or an SLO: far beyond the
@@ -57,6 +58,7 @@ KNOB_RANGES: dict[str, tuple[float, float]] = {
     "tpot_headroom_s": (0.0, 86_400.0),
     "b_xfer": (1, MAX_B_XFER_BLOCKS),  # 0 would strand copies already queued
     "demote_late_s": (0.0, 86_400.0),
+    "max_pause_s": (1e-3, 86_400.0),
 }
 
 

@@ -238,6 +238,11 @@ class Knobs:
     # 0.25 s: capacity >= 1.0x vllm everywhere and TBT within the judgment's 5 points (0.5 s
     # gains more capacity but costs Azure gh200 6.2 TBT points; docs/benchmarks.md 2026-12-06).
     tpot_headroom_s: float = 0.25
+    # With tpot_lag (None: off): the longest pause (s) a request's TPOT credit may buy. A
+    # rotary request lags once it has been out this long (less tpot_headroom_s) even if still
+    # ahead of its schedule, and a running one's credit counts at most this much, so that no
+    # stream freezes for many seconds mid-response (a mean TPOT alone allows it).
+    max_pause_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
@@ -255,6 +260,9 @@ class Knobs:
         late = self.demote_late_s
         if late is not None and not (math.isfinite(late) and late >= 0):
             raise ValueError(f"demote_late_s must be >= 0 or off, got {late}")
+        pause = self.max_pause_s
+        if pause is not None and not (math.isfinite(pause) and pause > 0):
+            raise ValueError(f"max_pause_s must be > 0 or off, got {pause}")
         if self.b_xfer is not None and self.b_xfer < 1:  # 0 would strand queued copies
             raise ValueError(f"b_xfer must be >= 1 or auto, got {self.b_xfer}")
 

@@ -28,7 +28,8 @@ def vlt_array(columns: RequestColumns, t_now_s: float, knobs: Knobs) -> Floats:
     t_last is its last token's time on its TPOT schedule (t_due, :func:`_tpot_schedule`) less
     ``tpot_headroom_s`` (it lags that long before it falls behind the schedule), and
     a running one is ahead by its time resident plus what it is ahead of that schedule (the
-    tail rotates out first the requests that can best afford a pause).
+    tail rotates out first the requests that can best afford a pause). ``max_pause_s`` caps
+    both: t_due is at most t_last + max_pause_s, and the credit at most max_pause_s.
     """
     t_arr, states = columns.t_arr_s, columns.states
     waiting = states == WAITING_CODE
@@ -37,6 +38,8 @@ def vlt_array(columns: RequestColumns, t_now_s: float, knobs: Knobs) -> Floats:
     if knobs.tpot_lag:
         scheduled = ~np.isnan(columns.t_first_s)
         due = _tpot_schedule(columns, last, knobs)
+        if knobs.max_pause_s is not None:  # back before its pause passes max_pause_s
+            due = np.minimum(due, last + knobs.max_pause_s)
         last = np.where(scheduled, due - knobs.tpot_headroom_s, last)
     since = np.where(waiting, t_arr, last)
     slo = np.where(waiting, columns.slo_ttft_s, columns.slo_tbt_s)
@@ -51,7 +54,10 @@ def vlt_array(columns: RequestColumns, t_now_s: float, knobs: Knobs) -> Floats:
     ahead_s = t_now_s - _or(columns.t_run_s, t_arr)  # a running request's time resident
     if knobs.tpot_lag:  # ... plus how far ahead of its TPOT schedule it is
         due = _tpot_schedule(columns, np.full_like(t_arr, t_now_s), knobs)
-        ahead_s = ahead_s + np.maximum(due - t_now_s, 0.0)
+        credit_s = np.maximum(due - t_now_s, 0.0)
+        if knobs.max_pause_s is not None:  # a pause it may take, not the whole credit
+            credit_s = np.minimum(credit_s, knobs.max_pause_s)
+        ahead_s = ahead_s + credit_s
     return np.where(running, -ahead_s, scores)
 
 

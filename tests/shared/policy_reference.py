@@ -31,7 +31,8 @@ def vlt(
     t_last falls back to the arrival time. With ``tpot_lag`` a rotary request that has a first
     token counts from t_first + (n - 1) * S_B - tpot_headroom_s (its n-th token's time at
     exactly S_B per token, less the headroom) instead of t_last, and a running one is ahead
-    by its schedule's excess over t_now too (no headroom). With
+    by its schedule's excess over t_now too (no headroom); ``max_pause_s`` caps the schedule
+    at t_last + max_pause_s and the excess at max_pause_s. With
     ``deadline_lag`` and ``loosest_ttft_s`` (the loosest S_F among the snapshot's waiting
     requests) a waiting request's lag before the ReLU gains (1 - beta_F) * (loosest - S_F): it
     counts from its deadline.
@@ -42,14 +43,19 @@ def vlt(
         if knobs.tpot_lag and view.t_first_s is not None:
             s_b = view.slo_tbt_s if view.slo_tbt_s is not None else knobs.slo_tbt_s
             due = view.t_first_s + max(0, view.num_output_tokens - 1) * s_b
-            ahead = ahead + max(0.0, due - t_now_s)
+            credit = max(0.0, due - t_now_s)
+            if knobs.max_pause_s is not None:
+                credit = min(credit, knobs.max_pause_s)
+            ahead = ahead + credit
         return -ahead
     if view.state is RequestState.ROTARY:
         slo_tbt_s = view.slo_tbt_s if view.slo_tbt_s is not None else knobs.slo_tbt_s
         t_last = view.t_last_s if view.t_last_s is not None else view.t_arr_s
         if knobs.tpot_lag and view.t_first_s is not None:
-            t_last = view.t_first_s + max(0, view.num_output_tokens - 1) * slo_tbt_s
-            t_last -= knobs.tpot_headroom_s
+            due = view.t_first_s + max(0, view.num_output_tokens - 1) * slo_tbt_s
+            if knobs.max_pause_s is not None:  # back before a pause of max_pause_s
+                due = min(due, t_last + knobs.max_pause_s)
+            t_last = due - knobs.tpot_headroom_s
         return knobs.alpha * max(0.0, t_now_s - t_last - knobs.beta_b * slo_tbt_s)
     slo_ttft_s = view.slo_ttft_s if view.slo_ttft_s is not None else knobs.slo_ttft_s
     lag = t_now_s - view.t_arr_s - knobs.beta_f * slo_ttft_s

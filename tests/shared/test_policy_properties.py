@@ -125,6 +125,7 @@ knobs_strategy = st.builds(
     lag_per_block=st.booleans(),
     tpot_lag=st.booleans(),
     tpot_headroom_s=st.sampled_from([0.0, 0.5, 2.0]),
+    max_pause_s=st.none() | st.sampled_from([0.5, 1.0, 5.0]),
 )
 
 
