@@ -26,6 +26,9 @@ from gateway.errors import APIError, bus_error
 from shared import streams
 
 MAX_CHAIN = 1024  # responses one continuation may walk back through
+# Bytes of stored records one continuation may read (far over any context's text): a chain of
+# records fattened by unrendered fields is refused before it is read into the gateway.
+MAX_CHAIN_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,7 @@ class Conversation:
     items: list[Any]  # every input and output item, oldest first
     response_ids: list[str]  # the chain, newest first
     worker_id: str | None  # the worker that served its newest response
+    num_bytes: int = 0  # of its stored records
 
 
 class ResponseStore:
@@ -60,9 +64,11 @@ class ResponseStore:
         owner: str | None,
         worker_id: str | None,
         chain_ids: list[str],
+        chain_bytes: int = 0,
     ) -> None:
-        """Store ``response`` and give the chain it continues (``chain_ids``) the full TTL."""
-        record = {
+        """Store ``response`` and give the chain it continues (``chain_ids``, of
+        ``chain_bytes`` stored bytes) the full TTL."""
+        record: dict[str, Any] = {
             "owner": owner or "",
             "previous": response.get("previous_response_id"),
             "input": input_items,
@@ -71,6 +77,8 @@ class ResponseStore:
             "chain": chain_ids,  # what it continues, newest first: read in one round trip
         }
         ttl_ms = int(self.ttl_s * 1000)
+        encoded = json.dumps(record)
+        record["chain_bytes"] = chain_bytes + len(encoded)  # a continuation checks it first
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(streams.response_key(response["id"]), json.dumps(record), px=ttl_ms)
             for response_id in chain_ids:
@@ -91,6 +99,7 @@ class ResponseStore:
         when a link is missing, naming it. Two round trips: the newest record names its chain."""
         try:
             newest = await self.load(response_id, owner)
+            _check_chain_bytes(int(newest.get("chain_bytes", 0)))
             chain_ids = [response_id, *await self._older_ids(newest, owner)]
             if len(chain_ids) > MAX_CHAIN:
                 raise APIError(
@@ -100,6 +109,8 @@ class ResponseStore:
                 )
             keys = [streams.response_key(i) for i in chain_ids[1:]]
             raws = await self._redis(self.redis.mget(keys)) if keys else []
+            num_bytes = len(json.dumps(newest)) + sum(len(raw or b"") for raw in raws)
+            _check_chain_bytes(num_bytes)  # records stored before they counted their chain
             chain = [newest]
             for older_id, raw in zip(chain_ids[1:], raws, strict=True):
                 try:
@@ -114,7 +125,7 @@ class ResponseStore:
         for record in reversed(chain):
             items.extend(record["input"])
             items.extend(record["response"].get("output", []))
-        return Conversation(items, chain_ids, newest.get("worker"))
+        return Conversation(items, chain_ids, newest.get("worker"), num_bytes)
 
     async def _older_ids(self, record: dict[str, Any], owner: str | None) -> list[str]:
         """The ids ``record`` continues, newest first: as it names them, or walked through
@@ -127,6 +138,16 @@ class ResponseStore:
             raw = await self._redis(self.redis.get(streams.response_key(previous)))
             record = json.loads(raw) if raw is not None else {}
         return older_ids
+
+
+def _check_chain_bytes(num_bytes: int) -> None:
+    if num_bytes > MAX_CHAIN_BYTES:
+        raise APIError(
+            400,
+            f"the conversation's stored responses take {num_bytes} bytes; a continuation reads "
+            f"at most {MAX_CHAIN_BYTES}: start a new one",
+            param="previous_response_id",
+        )
 
 
 def _owned(response_id: str, raw: bytes | str | None, owner: str | None) -> dict[str, Any]:

@@ -81,7 +81,7 @@ async def _create(
     )  # fmt: skip
     head = response_head(body, choice.generation.request_id, int(time.time()))
     head |= {"model": state.model_name, "store": store}
-    saver = _Saver(state, body, caller, choice, conversation.response_ids if store else None)
+    saver = _Saver(state, body, caller, choice, conversation if store else None)
     if body.stream:
         return _streamed(state, choice, plan, head, saver, bool(chat.logprobs))
     await collect([choice], request)
@@ -152,18 +152,22 @@ class _Saver:
         body: ResponsesRequest,
         caller: Caller,
         choice: Choice,
-        chain_ids: list[str] | None,
+        continued: Conversation | None,
     ) -> None:
+        """``continued``: the conversation the response continues (an empty one for a first
+        turn); None when the response is not stored."""
         self.state, self.body, self.caller = state, body, caller
-        self.choice, self.chain_ids = choice, chain_ids
+        self.choice, self.continued = choice, continued
 
     async def save(self, response: dict[str, Any]) -> None:
-        if self.chain_ids is None:
+        continued = self.continued
+        if continued is None:
             return
         worker_id = self.choice.generation.record.route.worker_id
         await self.state.responses.save(
-            response, stored_items(self.body), self.caller.key_id, worker_id, self.chain_ids
-        )
+            response, stored_items(self.body), self.caller.key_id, worker_id,
+            continued.response_ids, continued.num_bytes,
+        )  # fmt: skip
 
     async def save_or_log(self, response: dict[str, Any]) -> None:
         """:meth:`save` for a stream that already sent the output: Redis refusing it is logged

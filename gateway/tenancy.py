@@ -62,7 +62,7 @@ def served_class(state: GatewayState, caller: Caller, header: str | None) -> Slo
     classes = state.directory.slo_classes
     if header is not None and header not in classes:
         raise APIError(
-            400, f"unknown SLO class {header!r}; known: {sorted(classes)}", "x-slo-class"
+            400, f"unknown SLO class {header[:64]!r}; known: {sorted(classes)[:32]}", "x-slo-class"
         )
     if caller.key is None:
         return classes[header] if header is not None else _default_class(state)

@@ -29,6 +29,9 @@ from gateway.tool_parsers import ToolCall, as_json, held_back, parse_calls
 from shared.sampling import StructuredOutput
 
 PARSERS = ("hermes", "llama3_json")
+# The tools of one request as JSON (128 tools of 2 KiB are 256 KiB): a template that does not
+# render them leaves them out of the prompt's bound, and the Responses API stores them.
+MAX_TOOLS_JSON_BYTES = 512 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,9 @@ def plan_tools(
 ) -> ToolPlan:
     """The request's tool plan; 400 naming the field for a choice that cannot be served."""
     tools = body.tools or []
+    if tools and len(json.dumps(tools)) > MAX_TOOLS_JSON_BYTES:
+        message = f"the tools take more than {MAX_TOOLS_JSON_BYTES} bytes as JSON"
+        raise APIError(400, message, "tools")  # a template may not render them: never counted
     functions = {_function(t, i)["name"]: _function(t, i) for i, t in enumerate(tools)}
     choice = body.tool_choice
     if choice is None:

@@ -91,6 +91,16 @@ CORPUS: list[tuple[str, str, bytes, int]] = [  # (name, path, raw body, expected
     ("mega-model", COMPLETIONS, _prompt(model=MEGA), 404),
     ("mega-stop", COMPLETIONS, _prompt(stop=MEGA), 400),
     ("mega-user", COMPLETIONS, _prompt(user=MEGA), 400),  # kept in the record: at most 512
+    (
+        "mega-tools",
+        CHAT,
+        _plus(
+            _chat("hi"),
+            b'"tools": [{"type": "function", "function": '
+            b'{"name": "f", "description": "' + MEGA.encode() + b'"}}], "tool_choice": "none"',
+        ),
+        400,
+    ),
     ("prompt-number", COMPLETIONS, b'{"prompt": 5}', 400),
     ("prompt-object", COMPLETIONS, b'{"prompt": {"$ne": 1}}', 400),
     ("prompt-token-too-big", COMPLETIONS, b'{"prompt": [4294967296]}', 400),
@@ -113,6 +123,7 @@ PARAMS = {  # the field a 400 names, where it names one
     "surrogate-part": "messages.0.content",
     "surrogate-name": "messages.0.name",
     "surrogate-user": "user",
+    "mega-tools": "tools",
     "surrogate-kwargs": "chat_template_kwargs",
     "surrogate-regex": "guided_regex",
     "surrogate-grammar": "guided_grammar",

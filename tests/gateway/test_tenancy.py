@@ -51,6 +51,12 @@ def test_the_key_class_is_a_ceiling() -> None:
     assert served_class(state, anonymous, None).name == "standard"
 
 
+def test_an_unknown_class_is_not_echoed_whole() -> None:
+    with pytest.raises(APIError) as refused:
+        served_class(_state(), Caller(None), "x" * 30_000)
+    assert refused.value.param == "x-slo-class" and len(refused.value.message) < 300
+
+
 def test_a_default_class_that_is_not_one_serves_in_the_loosest() -> None:
     """A mistyped ``default_slo_class`` served every unclassed request in the first class of
     the hash (interactive, the tightest), ahead of those that chose one."""
