@@ -91,6 +91,12 @@ async def create_api_key(
     raise RedisError(f"the SLO classes changed under {MAX_WRITE_ATTEMPTS} attempts to add a key")
 
 
+async def stored_key_ids(redis: Redis) -> set[str]:
+    """The ids of every stored key."""
+    digests = await redis.hkeys(API_KEYS_KEY)
+    return {(d.decode() if isinstance(d, bytes) else d)[:KEY_ID_CHARS] for d in digests}
+
+
 def is_key_id(text: str) -> bool:
     """Whether ``text`` is a whole key id: exactly the 16 lowercase hex digits we hand out."""
     return len(text) == KEY_ID_CHARS and all(c in "0123456789abcdef" for c in text)
@@ -192,11 +198,15 @@ class ApiKeyCache:
     def num_misses(self) -> int:
         return len(self._misses)
 
-    async def refresh(self) -> None:
+    async def refresh(self) -> bool:
+        """Forget what was cached when the keys changed; returns whether they did (the first
+        refresh after a start counts: keys may have gone while this gateway was down)."""
         version = await self.redis.get(API_KEYS_VERSION_KEY)
-        if version != self._version:
-            self._version = version
-            self.clear()
+        if version == self._version:
+            return False
+        self._version = version
+        self.clear()
+        return True
 
     def clear(self) -> None:
         self._keys.clear()

@@ -138,6 +138,20 @@ class GenerationService:
         self._record(generation.request_id, **fields)
         log.info("request_finished", request_id=generation.request_id, finish_reason=reason)
 
+    def has_keyed_requests(self) -> bool:
+        return any(record.placement.key_id is not None for record in self.live)
+
+    def end_revoked(self, stored_key_ids: set[str]) -> None:
+        """End every live request whose API key is no longer stored (deleted by the admin
+        API, on any gateway) with a 401; its generation's end aborts it on its worker (a
+        revoked key's streams kept generating to max_tokens)."""
+        for record in self.live:
+            key_id = record.placement.key_id
+            if key_id is not None and key_id not in stored_key_ids and not record.released:
+                log.warning("request_key_revoked", request_id=record.request_id, key_id=key_id)
+                message = "the API key of this request was deleted"
+                record.outputs.end(APIError(401, message, code="key_revoked"))
+
     async def check_workers(self) -> None:
         """Requests on a worker that stopped beating (or restarted) do not hang: those with no
         token yet go to another worker (a restarted one's new incarnation too), the others end

@@ -34,6 +34,11 @@ class Placement:
         self.queued = True
         self.released = False
 
+    @property
+    def key_id(self) -> str | None:
+        """The API key the request came with (None: none)."""
+        return self._key_id
+
     def move(self, from_worker_id: str, to_worker_id: str) -> None:
         """The request was resubmitted: count it on ``to_worker_id`` instead."""
         if self.queued:

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import structlog
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from gateway.auth import ApiKeyCache
+from gateway.auth import ApiKeyCache, stored_key_ids
 from gateway.auth_failures import AuthFailures, FailureRule
 from gateway.chat import ChatRenderer
 from gateway.dispatcher import Dispatcher
@@ -104,7 +104,8 @@ class GatewayState:
 
     async def _refresh(self) -> None:
         await self.directory.refresh()  # first: it records whether Redis answers
-        await self.api_keys.refresh()
+        if await self.api_keys.refresh() and self.generations.has_keyed_requests():
+            self.generations.end_revoked(await stored_key_ids(self.redis))
         await self.generations.check_workers()
         await asyncio.sleep(self.settings.directory_refresh_s)
 

@@ -156,3 +156,27 @@ def test_a_batch_key_asking_for_interactive_is_served_as_batch(
     finally:
         for created in keys.values():
             admin.delete(f"/admin/v1/api-keys/{created['key_id']}")
+
+
+def test_deleting_a_key_ends_its_streams_in_flight(served: Served, admin: httpx.Client) -> None:
+    """A revoked key's open streams kept generating to max_tokens; now every gateway ends them
+    with a 401 key_revoked at its next refresh, and their workers drop them."""
+    created = admin.post("/admin/v1/api-keys", json={"tenant": "leaked"}).json()
+    headers = {"Authorization": f"Bearer {created['api_key']}"}
+    body = {"prompt": "Once", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    received: list[str] = []
+    url = f"{served.url}/v1/completions"
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        for line in lines:
+            received.append(line)
+            if line.startswith("data: {"):
+                break  # streaming: delete the key now
+        deleted = admin.delete(f"/admin/v1/api-keys/{created['key_id']}")
+        assert deleted.status_code == 200, deleted.text
+        received.extend(lines)
+    text = "\n".join(received)
+    assert "key_revoked" in text, text[-500:]
+    chunks = [line for line in received if line.startswith("data: {") and '"text"' in line]
+    assert len(chunks) < 400  # ended, not served to max_tokens
