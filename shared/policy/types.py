@@ -230,8 +230,11 @@ class Knobs:
     # VLT against each request's TPOT schedule (its n-th token due at t_first + (n - 1) * S_B)
     # instead of its last token: a rotary request ahead of its mean-TBT (TPOT) objective stays
     # out until it has spent that credit, and a running one's VLT counts the credit with its
-    # time resident, so the tail rotates out first those that can best afford a pause.
-    tpot_lag: bool = True
+    # time resident, so the tail rotates out first those that can best afford a pause. Off by
+    # default: it meets the mean TPOT by parking streams for many seconds (the 90th percentile
+    # of a request's longest gap 18 s at the ShareGPT knee); counting a gap over 10 x S_B as a
+    # miss it costs capacity on every kit trace (docs/benchmarks.md 2026-12-08).
+    tpot_lag: bool = False
     # With tpot_lag: a rotary request starts to lag this long (s) before its TPOT schedule
     # runs out, so that it is back before it falls behind (it needs a turn of the head scan, a
     # victim's room and its copies; back only once behind, a short output cannot catch up).

@@ -18,6 +18,8 @@ from tests.shared.policy_views import (
     waiting,
 )
 
+TPOT = replace(LVF, tpot_lag=True)  # the knob these tests are about (off by default)
+
 
 def test_vlt_waiting_lags_only_after_beta_f_times_ttft_slo() -> None:
     view = waiting("w", t_arr=0.0)
@@ -57,7 +59,7 @@ def test_tpot_lag_counts_a_rotary_request_from_its_tpot_schedule() -> None:
     ahead = behind._replace(t_first_s=8.0)
     no_first = rotary("r", t_last=9.0)
     tbt = Knobs(tpot_lag=False)
-    lvf = replace(LVF, tpot_headroom_s=0.0)
+    lvf = replace(TPOT, tpot_headroom_s=0.0)
     expected = {(behind, lvf): 9.0, (ahead, lvf): 0.0, (no_first, lvf): 3.0, (behind, tbt): 3.0}
     for (view, knobs), value in expected.items():
         assert vlt(view, 10.0, knobs) == pytest.approx(value)
@@ -72,7 +74,7 @@ def test_tpot_headroom_makes_a_rotary_request_lag_before_its_schedule_runs_out()
     no_first = rotary("r", t_last=9.0)
     expected = {(ahead, 0.0): 0.0, (ahead, 0.5): 0.6, (no_first, 0.0): 3.0, (no_first, 0.5): 3.0}
     for (view, headroom_s), value in expected.items():
-        knobs = replace(LVF, tpot_headroom_s=headroom_s)
+        knobs = replace(TPOT, tpot_headroom_s=headroom_s)
         assert vlt(view, 10.0, knobs) == pytest.approx(value)
         assert vlt_array(columns_from_views([view]), 10.0, knobs)[0] == pytest.approx(value)
 
@@ -85,8 +87,8 @@ def test_tpot_lag_resumes_the_request_furthest_behind_its_tpot_first() -> None:
     recent = rotary("recent", t_last=T_NOW - 0.5)._replace(t_first_s=2.0, num_output_tokens=31)
     idle = rotary("idle", t_last=T_NOW - 2.0, seq=1)._replace(t_first_s=7.0, num_output_tokens=11)
     snapshot = snap(recent, idle, free=3)
-    assert make_plan(snapshot, replace(LVF, tpot_lag=False)).resume_ids == ["idle"]
-    assert make_plan(snapshot, LVF).resume_ids == ["recent"]
+    assert make_plan(snapshot, replace(TPOT, tpot_lag=False)).resume_ids == ["idle"]
+    assert make_plan(snapshot, TPOT).resume_ids == ["recent"]
 
 
 def test_tpot_lag_counts_a_running_request_ahead_by_its_tpot_credit() -> None:
@@ -94,7 +96,7 @@ def test_tpot_lag_counts_a_running_request_ahead_by_its_tpot_credit() -> None:
     it is also 1 s ahead of its TPOT: VLT -3 (-2 with the knob off, or behind schedule)."""
     ahead = running("x", t_run=8.0)._replace(t_first_s=5.0, num_output_tokens=61)
     behind = ahead._replace(t_first_s=2.0)
-    expected = {(ahead, LVF): -3.0, (ahead, Knobs(tpot_lag=False)): -2.0, (behind, LVF): -2.0}
+    expected = {(ahead, TPOT): -3.0, (ahead, Knobs(tpot_lag=False)): -2.0, (behind, TPOT): -2.0}
     for (view, knobs), value in expected.items():
         assert vlt(view, 10.0, knobs) == pytest.approx(value)
         assert vlt_array(columns_from_views([view]), 10.0, knobs)[0] == pytest.approx(value)
@@ -107,8 +109,8 @@ def test_tpot_lag_rotates_out_the_request_most_ahead_of_its_tpot_first() -> None
     ahead = running("ahead", t_run=1.0, dram=2)._replace(t_first_s=2.0, num_output_tokens=100)
     late = running("late", t_run=1.0, seq=1, dram=2)._replace(t_first_s=2.0, num_output_tokens=60)
     snapshot = snap(ahead, late, waiting("w", t_arr=0.0, blocks=2, seq=2), free=0, xfer=4)
-    assert make_plan(snapshot, replace(LVF, tpot_lag=False)).rotate_out_ids == ["late"]
-    assert make_plan(snapshot, LVF).rotate_out_ids == ["ahead"]
+    assert make_plan(snapshot, replace(TPOT, tpot_lag=False)).rotate_out_ids == ["late"]
+    assert make_plan(snapshot, TPOT).rotate_out_ids == ["ahead"]
 
 
 def test_vlt_running_falls_with_time_in_running() -> None:
