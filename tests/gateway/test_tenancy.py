@@ -84,8 +84,13 @@ def test_a_priority_the_policy_does_not_order_by_is_refused(policy: str) -> None
 
 @pytest.fixture
 def admin(served: Served) -> Iterator[httpx.Client]:
+    """The admin API, with a policy that orders by ``priority`` (another test may have left
+    one that refuses it) put back as it was afterwards."""
     with httpx.Client(base_url=served.url, headers=served.admin_headers, timeout=30) as client:
+        before = client.get("/admin/v1/knobs").json()["knobs"]["policy"]
+        assert client.put("/admin/v1/knobs", json={"policy": "lvf"}).status_code == 200
         yield client
+        client.put("/admin/v1/knobs", json={"policy": before})
 
 
 def _lifecycle(served: Served, admin: httpx.Client, body: dict[str, Any], headers: Any) -> Any:
